@@ -308,19 +308,22 @@ _LLAMA_DATA = dict(corpus='wikicorpus-llama3', tokenizer='llama3', micro_batch=1
 _LLAMA31_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192)
 
 # %% ../nbs/api/00_recipes.ipynb #e59fc190
+# fp32 on CPU: many CPUs (AVX2-only ones among them) have no bf16 instructions, and bf16 matmuls there run ~50× slower
+_CPU_PAR = dict(precision='fp32')
+
 def _catalog() -> dict:
     cpu = dict(profile='local', nodes=1)
     return {r.name: r for r in [
-        _r('gpt3_tiny', dict(arch='gpt', n_layers=4, hidden=128, n_heads=4, vocab_size=DEMO_VOCAB, seq_len=128),
+        _r('gpt3_tiny', dict(arch='gpt', n_layers=4, hidden=128, n_heads=4, vocab_size=DEMO_VOCAB, seq_len=128), _CPU_PAR,
            data=dict(micro_batch=8, global_batch=8), optim=dict(lr=3e-3, min_lr=3e-4, warmup_steps=20, weight_decay=0.1),
            trainer=dict(max_steps=300, log_every=10, eval_every=100, save_every=100, threads=2), cluster=cpu,
            source='nxpretrain: CPU demo', notes='trains on the embedded demo corpus in minutes on 2 cores'),
         _r('llama3_tiny', dict(arch='llama', n_layers=4, hidden=128, n_heads=8, n_kv_heads=2, ffn_hidden=352, vocab_size=DEMO_VOCAB,
-                               seq_len=128, rope_theta=500000.0, tie_embeddings=False),
+                               seq_len=128, rope_theta=500000.0, tie_embeddings=False), _CPU_PAR,
            data=dict(micro_batch=8, global_batch=8), optim=dict(lr=3e-3, min_lr=3e-4, warmup_steps=20),
            trainer=dict(max_steps=300, log_every=10, eval_every=100, save_every=100, threads=2), cluster=cpu,
            source='nxpretrain: CPU demo', notes='Llama-3 architecture (GQA, RoPE θ 5e5, SwiGLU) at demo size'),
-        _r('bert_tiny', dict(arch='bert', n_layers=2, hidden=128, n_heads=4, vocab_size=DEMO_VOCAB, seq_len=128, max_position=512),
+        _r('bert_tiny', dict(arch='bert', n_layers=2, hidden=128, n_heads=4, vocab_size=DEMO_VOCAB, seq_len=128, max_position=512), _CPU_PAR,
            data=dict(micro_batch=8, global_batch=8), optim=dict(lr=1e-3, min_lr=1e-4, warmup_steps=20, weight_decay=0.01, betas=[0.9, 0.999]),
            trainer=dict(max_steps=200, threads=2), cluster=cpu, source='nxpretrain: CPU demo'),
         _gpt3_trn1('gpt3_23b', 28, 8192, 64, 8, 4, 4, dict(activation_checkpointing='selective', checkpoint_modules=['attention'])),
