@@ -8,9 +8,9 @@ import json, os, pickle, shutil, threading, time, zlib
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MARKER', 'TRAINER_STATE', 'CheckpointError', 'step_dir', 'checkpoint_step', 'crc_file', 'verify_checkpoint',
-           'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world', 'barrier', 'broadcast_object',
-           'rng_state', 'set_rng_state', 'Checkpointer', 'load_weights']
+__all__ = ['MARKER', 'TRAINER_STATE', 'PAUSE_ENV', 'CheckpointError', 'step_dir', 'checkpoint_step', 'crc_file',
+           'verify_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world', 'barrier',
+           'broadcast_object', 'rng_state', 'set_rng_state', 'Checkpointer', 'load_weights']
 
 # %% ../../nbs/api/41_checkpoint.ipynb #c7ee9ec9
 MARKER = 'COMPLETE'              # written last: its presence means every shard is on disk
@@ -142,9 +142,12 @@ def _report_rank_files(d: Path, r: int):
              if p.name.startswith(f'__{r}_') or p.name == f'rng_rank{r}.safetensors'}
     _write_atomic(d / f'.done_rank{r}.json', json.dumps(files))
 
+PAUSE_ENV = 'NXPRETRAIN_PAUSE_BEFORE_MARKER'  # "<step>:<seconds>": fault injection for the kill-during-save test
+
 def _finish(d: Path, n_ranks: int, timeout_s: float) -> dict:
     "Rank 0: gather every rank's report, write the manifest marker last."
     t0, files = time.time(), {}
+    if (p := os.environ.get(PAUSE_ENV)) and int(p.split(':')[0]) == checkpoint_step(d): time.sleep(float(p.split(':')[1]))
     for r in range(n_ranks):
         f = d / f'.done_rank{r}.json'
         while not f.exists():

@@ -10,9 +10,9 @@ from pathlib import Path
 from ..recipes import Recipe, RecipeError, padded_vocab, validate, to_dict
 
 # %% auto #0
-__all__ = ['EXIT_OK', 'EXIT_REQUEUE', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'TrainingError', 'SyntheticTokens',
-           'synthetic_datasets', 'build_datasets', 'micro_batches', 'TrainResult', 'StopFlag', 'train_step',
-           'evaluate_loss', 'train']
+__all__ = ['EXIT_OK', 'EXIT_REQUEUE', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'TrainingError',
+           'SyntheticTokens', 'synthetic_datasets', 'build_datasets', 'micro_batches', 'TrainResult', 'StopFlag',
+           'train_step', 'evaluate_loss', 'train']
 
 # %% ../../nbs/api/43_trainer.ipynb #625aac2e
 EXIT_OK = 0
@@ -168,6 +168,8 @@ def evaluate_loss(model, dataset, micro_batch: int, steps: int, device, autocast
     return {'loss': loss, 'perplexity': math.exp(min(loss, 50))}
 
 # %% ../../nbs/api/43_trainer.ipynb #9fab6941
+STEPS_FILE = 'steps.jsonl'
+
 def _logger(path: Path | None):
     "A `log(msg)` that prints and appends to `path` (rank 0), or does nothing (other ranks)."
     if path is None: return lambda *a, **k: None
@@ -236,6 +238,7 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
     scalars = Scalars(run_dir / 'tb', enabled=rank() == 0, log=log)
     log(f"training {recipe.name}: steps {step}→{max_steps}, global batch {d.global_batch} = micro {d.micro_batch} × DP {dp} × accumulation {d.global_batch // (d.micro_batch * dp)}, {n_world} process(es) on {device}")
     step_time, win_time, win_steps, nonfinite, last_save = 0.0, 0.0, 0, 0, time.time()
+    steps_log = open(run_dir / STEPS_FILE, 'a', buffering=1) if rank() == 0 else None
     with StopFlag() as stop:
         while step < max_steps:
             t0 = time.perf_counter()
@@ -254,6 +257,7 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
             dt = time.perf_counter() - t0; step_time += dt; win_time += dt; win_steps += 1
             if not res.steps: res.time_to_first_step_s = time.perf_counter() - t_entry
             res.steps.append(step); res.losses.append(loss)
+            if steps_log: steps_log.write(json.dumps(dict(step=step, loss=loss, lr=lr, grad_norm=gnorm.item(), consumed_samples=consumed, time=time.time())) + '\n')
             prog.update(loss, lr, step, consumed, consumed // len(train_ds))
             if nonfinite >= MAX_NONFINITE:
                 log(f"stopping: loss or gradients not finite for {nonfinite} steps in a row (step {step}); lower optim.lr, raise optim.warmup_steps or check the data, then resume from the last checkpoint")
@@ -279,6 +283,7 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
                 log(f"stopping at step {step} on {stop.signal or 'a stop signal on another rank'}: checkpoint {res.last_checkpoint}; exit code {EXIT_REQUEUE} (requeue to resume)")
                 res.stopped, res.exit_code = 'signal', EXIT_REQUEUE; break
     ck.wait(); prog.close(); scalars.close()
+    if steps_log: steps_log.close()
     res.final_step, res.tokens_per_s = step, (len(res.steps) * tokens_per_step / step_time if step_time else 0.0)
     log(f"done at step {step} ({res.stopped}); {res.tokens_per_s:.0f} tokens/s; last checkpoint {res.last_checkpoint}")
     return res
