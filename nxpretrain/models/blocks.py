@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['SDPA', 'rope_inv_freq', 'rope_cos_sin', 'rotate_half', 'apply_rope', 'Attention', 'RMSNorm', 'GeluMLP', 'SwiGLU',
-           'TransformerBlock', 'init_params', 'count_parameters']
+           'TransformerBlock', 'init_params', 'count_parameters', 'LanguageModel']
 
 # %% ../../nbs/api/21_blocks.ipynb #117d10ad
 class SDPA(nn.Module):
@@ -142,3 +142,22 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
         if id(p) in seen or (trainable_only and not p.requires_grad): continue
         seen.add(id(p)); n += p.numel()
     return n
+
+# %% ../../nbs/api/21_blocks.ipynb #3dff5c4d
+class LanguageModel(nn.Module):
+    "Base of GPT, Llama and BERT: `cfg`, `vocab_size`, weight tying, `init_weights()`, the head of the forward pass."
+    def tie_weights(self):
+        "Share `tok_embeddings.weight` with `output` when `cfg.tie_embeddings` (again after `to_empty()`)."
+        emb, out = getattr(self, 'tok_embeddings', None), getattr(self, 'output', None)
+        if self.cfg.tie_embeddings and emb is not None and out is not None and out.weight is not emb.weight:
+            out.weight = emb.weight
+
+    def init_weights(self):
+        "(Re)initialise all parameters, e.g. after `to_empty()` of a model built on the `meta` device."
+        self.tie_weights()
+        init_params(self, self.cfg.init_std, self.cfg.n_layers)
+
+    def run_layers(self, h, rope=None, mask=None):
+        "The blocks that this (stage of the) model holds, in order."
+        for layer in self.layers.values(): h = layer(h, rope, mask)
+        return h

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 from ..recipes import ModelConfig, padded_vocab
-from .blocks import Attention, GeluMLP, TransformerBlock, init_params, count_parameters
+from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
 
 # %% auto #0
 __all__ = ['gpt_block', 'GPT']
@@ -20,7 +20,7 @@ def gpt_block(cfg: ModelConfig) -> TransformerBlock:
                             nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps), nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps))
 
 # %% ../../nbs/api/22_gpt.ipynb #fdf8c424
-class GPT(nn.Module):
+class GPT(LanguageModel):
     "GPT-2/3 decoder; `vocab_size` is the padded vocabulary (default `padded_vocab(cfg)`)."
     def __init__(self, cfg: ModelConfig, vocab_size: int | None = None):
         super().__init__()
@@ -33,17 +33,6 @@ class GPT(nn.Module):
         self.output = nn.Linear(cfg.hidden, self.vocab_size, bias=False)
         self.init_weights()
 
-    def tie_weights(self):
-        "Share `tok_embeddings.weight` with `output` when `cfg.tie_embeddings` (again after `to_empty()`, which unties)."
-        if self.cfg.tie_embeddings and self.output is not None and self.tok_embeddings is not None \
-                and self.output.weight is not self.tok_embeddings.weight:
-            self.output.weight = self.tok_embeddings.weight
-
-    def init_weights(self):
-        "(Re)initialise all parameters, e.g. after `to_empty()` of a model built on the `meta` device."
-        self.tie_weights()
-        init_params(self, self.cfg.init_std, self.cfg.n_layers)
-
     def forward(self, tokens, positions=None):
         "Logits (B, S, V) of `tokens` (B, S); `positions` (S,) or (B, S) default to 0…S-1."
         if self.tok_embeddings is not None:
@@ -55,6 +44,6 @@ class GPT(nn.Module):
             if self.pos_embeddings is not None: h = h + self.pos_embeddings(positions)
             h = self.dropout(h)
         else: h = tokens
-        for layer in self.layers.values(): h = layer(h)
+        h = self.run_layers(h)
         if self.norm is not None: h = self.norm(h)
         return self.output(h) if self.output is not None else h
