@@ -45,15 +45,17 @@ def partition_params(params: list, n: int) -> list[int]:
     return owner
 
 class Zero1Optimizer(torch.optim.Optimizer):
-    "Wrap optimizer class `optim_cls` so that its state is sharded over `group` (ZeRO stage 1)."
+    "Wrap optimizer class `optim_cls` so that its state is sharded over `group` (ZeRO stage 1). `params`: tensors or groups."
     def __init__(self, params, group, optim_cls=torch.optim.AdamW, **defaults):
-        self.all_params = [p for p in params if p.requires_grad]
-        self.group = group
+        groups = list(params)
+        if groups and not isinstance(groups[0], dict): groups = [{'params': groups}]
+        groups = [{**g, 'params': [p for p in g['params'] if p.requires_grad]} for g in groups]
+        self.all_params, self.group = [p for g in groups for p in g['params']], group
         self.n, self.rank = (dist.get_world_size(group), dist.get_rank(group)) if group is not None else (1, 0)
         self.owner = partition_params(self.all_params, self.n)
-        mine = [p for p, o in zip(self.all_params, self.owner) if o == self.rank]
-        self.inner = optim_cls(mine or [torch.nn.Parameter(torch.zeros(0))], **defaults)
-        super().__init__(self.all_params, defaults)  # param_groups mirror the full set (lr schedules write lr here)
+        mine = {id(p) for p, o in zip(self.all_params, self.owner) if o == self.rank}
+        self.inner = optim_cls([{**g, 'params': [p for p in g['params'] if id(p) in mine]} for g in groups], **defaults)
+        super().__init__(groups, defaults)  # the wrapper's groups are what lr schedulers see and write
         self.state = self.inner.state
 
     def zero_grad(self, set_to_none: bool = True):
@@ -63,9 +65,8 @@ class Zero1Optimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        for g in self.inner.param_groups:  # follow lr/wd changes made on the wrapper's groups by schedulers
-            for k in ('lr', 'weight_decay', 'betas', 'eps'):
-                if k in self.param_groups[0]: g[k] = self.param_groups[0][k]
+        for mine, outer in zip(self.inner.param_groups, self.param_groups):  # follow schedulers' changes to lr etc.
+            mine.update({k: v for k, v in outer.items() if k != 'params'})
         self.inner.step()
         if self.n > 1:
             for r in range(self.n):
