@@ -50,16 +50,15 @@ def build_datasets(recipe: Recipe, num_samples: int, data_root: str = 'runs/data
     from nxpretrain.data.prepare import ensure_dataset
     from nxpretrain.data.gpt_dataset import build_gpt_datasets
     prefix = ensure_dataset(recipe.data, root=data_root)
-    return build_gpt_datasets(prefix, recipe.model.seq_len, recipe.data.split, recipe.trainer.seed, num_samples)
+    return build_gpt_datasets(prefix, recipe.model.seq_len, recipe.data.split, recipe.trainer.seed, (num_samples, None, None))
 
 # %% ../../nbs/api/43_trainer.ipynb #76b1a09e
 def micro_batches(dataset, consumed: int, global_batch: int, micro_batch: int, dp_rank: int = 0, dp: int = 1):
     "The micro batches (dicts of stacked tensors) of DP rank `dp_rank` for the step starting at `consumed`."
     import torch
-    per_rank = global_batch // dp
-    start = consumed + dp_rank * per_rank
-    for m in range(per_rank // micro_batch):
-        items = [dataset[(start + m * micro_batch + j) % len(dataset)] for j in range(micro_batch)]
+    from nxpretrain.data.gpt_dataset import sample_ids
+    for ids in sample_ids(consumed + global_batch, consumed, micro_batch, dp_rank, dp):
+        items = [dataset[i % len(dataset)] for i in ids]
         yield {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in items[0]}
 
 # %% ../../nbs/api/43_trainer.ipynb #7f18a535
@@ -270,7 +269,7 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
                 scalars.write(step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps, mfu=mfu, consumed_samples=consumed, skipped_steps=skipped)
                 win_time, win_steps = 0.0, 0
             else: scalars.write(step, loss=loss, lr=lr)
-            if tr.eval_every and step % tr.eval_every == 0 and tr.eval_steps:
+            if tr.eval_every and step % tr.eval_every == 0 and tr.eval_steps and valid_ds is not None:
                 res.eval = evaluate_loss(model, valid_ds, d.micro_batch, tr.eval_steps, device, autocast, dp_rank, dp, st.group('dp') if st else None)
                 log(f"step {step} | validation loss {res.eval['loss']:.4f} | perplexity {res.eval['perplexity']:.2f}")
                 scalars.write(step, val_loss=res.eval['loss'], val_ppl=res.eval['perplexity'])
