@@ -173,9 +173,10 @@ def _logger(path: Path | None):
     "A `log(msg)` that prints and appends to `path` (rank 0), or does nothing (other ranks)."
     if path is None: return lambda *a, **k: None
     path.parent.mkdir(parents=True, exist_ok=True)
+    from tqdm.auto import tqdm
     def log(msg: str):
         line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
-        print(msg, flush=True)
+        tqdm.write(msg)  # above the progress bar, not through it
         with open(path, 'a') as f: f.write(line + '\n')
     return log
 
@@ -226,9 +227,12 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
     log = _logger(run_dir / 'train.log' if rank() == 0 else None)
     if rank() == 0:
         from nxpretrain.recipes import to_yaml; to_yaml(recipe, run_dir / 'recipe.yaml')
+    t_model = time.perf_counter()
     model, optimizer, ck, resumed = _start(recipe, run_dir, device, st, dp, log, resume_from, weights_only, async_save)
     step, consumed, skipped = (resumed['step'], resumed['consumed_samples'], resumed.get('skipped_steps', 0)) if resumed else (0, 0, 0)
+    t_data = time.perf_counter()
     train_ds, valid_ds, _ = datasets or build_datasets(recipe, max_steps * d.global_batch)
+    setup = dict(distributed=t_model - t_entry, model_and_resume=t_data - t_model, data=time.perf_counter() - t_data)
     autocast = _autocast_dtype(recipe, device, log)
     grad_groups = (st.group('pp'),) if st is not None and st.pp > 1 else ()
     n_world, tokens_per_step = world(), d.global_batch * recipe.model.seq_len
@@ -254,7 +258,9 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
             optimizer.zero_grad(set_to_none=True)
             step, consumed = step + 1, consumed + d.global_batch
             dt = time.perf_counter() - t0; step_time += dt; win_time += dt; win_steps += 1
-            if not res.steps: res.time_to_first_step_s = time.perf_counter() - t_entry
+            if not res.steps:
+                res.time_to_first_step_s = time.perf_counter() - t_entry
+                log(f"first step done {res.time_to_first_step_s:.1f} s after train() started (" + ', '.join(f"{k} {v:.1f} s" for k, v in setup.items()) + f", step {dt:.1f} s)")
             res.steps.append(step); res.losses.append(loss)
             if steps_log: steps_log.write(json.dumps(dict(step=step, loss=loss, lr=lr, grad_norm=gnorm.item(), consumed_samples=consumed, time=time.time())) + '\n')
             prog.update(loss, lr, step, consumed, consumed // len(train_ds))
