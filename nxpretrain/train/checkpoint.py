@@ -4,7 +4,7 @@
 
 # %% ../../nbs/api/41_checkpoint.ipynb #6d14d4d4
 from __future__ import annotations
-import json, os, pickle, shutil, threading, time, zlib
+import contextlib, json, os, pickle, shutil, threading, time, warnings, zlib
 from pathlib import Path
 
 # %% auto #0
@@ -105,6 +105,13 @@ def _dist():
 
 def rank() -> int: return d.get_rank() if (d := _dist()) else 0
 def world() -> int: return d.get_world_size() if (d := _dist()) else 1
+@contextlib.contextmanager
+def _quiet():
+    "Silence DCP's 'assuming the intent is to save in a single process' warning: in one process that is the intent."
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message='torch.distributed is disabled')
+        yield
+
 def barrier(group=None):
     if (d := _dist()) and d.get_world_size() > 1: d.barrier(group=group)
 
@@ -195,13 +202,14 @@ def save(self: Checkpointer, step: int, state: dict, trainer_state: dict) -> Pat
         if r == 0:
             _finish(d, n, self.timeout_s); _prune(self.root, self.keep_last, self.log)
     if self.async_save:
-        fut = dcp.async_save(state, storage_writer=writer, process_group=self._pg, no_dist=_dist() is None)
+        with _quiet(): fut = dcp.async_save(state, storage_writer=writer, process_group=self._pg, no_dist=_dist() is None)
         def background():
             try: fut.result(); finish()
             except BaseException as e: self._error = e
         self._thread = threading.Thread(target=background, name=f'checkpoint-{step}', daemon=True); self._thread.start()
     else:
-        dcp.save(state, storage_writer=writer, no_dist=_dist() is None); finish()
+        with _quiet(): dcp.save(state, storage_writer=writer, no_dist=_dist() is None)
+        finish()
     self.last_saved = d
     self.blocked_s.append(time.perf_counter() - t0)
     return d
@@ -232,7 +240,7 @@ def load(self: Checkpointer, state: dict, path=None, rng: bool = True) -> dict |
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import load_file
     if (d := self.find(path)) is None: return None
-    dcp.load(state, storage_reader=safe_reader(d), no_dist=_dist() is None)
+    with _quiet(): dcp.load(state, storage_reader=safe_reader(d), no_dist=_dist() is None)
     if rng and (f := d / f'rng_rank{rank()}.safetensors').exists(): set_rng_state(load_file(str(f)))
     self.log(f"resumed from {d}")
     return json.loads((d / TRAINER_STATE).read_text())
@@ -245,6 +253,6 @@ def load_weights(model, path) -> Path:
     d = Path(path)
     if rank() == 0: verify_checkpoint(d)
     sd = {'model': get_model_state_dict(model)}
-    dcp.load(sd, storage_reader=safe_reader(d), no_dist=_dist() is None)
+    with _quiet(): dcp.load(sd, storage_reader=safe_reader(d), no_dist=_dist() is None)
     set_model_state_dict(model, sd['model'])
     return d

@@ -66,11 +66,13 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.O
 
 # %% ../../nbs/api/40_optim.ipynb #99e2fb09
 def _norm(tensors, groups=()) -> torch.Tensor:
-    tensors = list(tensors)
-    if not tensors: n = torch.zeros(())
-    else: n = torch.nn.utils.get_total_norm(tensors, 2.0)
-    if hasattr(n, 'full_tensor'): n = n.full_tensor()
-    sq = n.detach().float() ** 2
+    tensors, sq = list(tensors), torch.zeros((), dtype=torch.float32)
+    # DTensors (sharded or replicated) and plain tensors (replicated) are normed apart: torch refuses to mix them
+    for part in ([t for t in tensors if hasattr(t, 'full_tensor')], [t for t in tensors if not hasattr(t, 'full_tensor')]):
+        if not part: continue
+        n = torch.nn.utils.get_total_norm(part, 2.0)
+        if hasattr(n, 'full_tensor'): n = n.full_tensor()
+        sq = sq + n.detach().float().cpu() ** 2
     if groups:
         import torch.distributed as dist
         for g in groups: dist.all_reduce(sq, group=g)

@@ -109,15 +109,12 @@ def _setup_parallel(recipe: Recipe):
     return st, st.dp, st.rank('dp'), st.torch_device
 
 def _wrap(model, recipe: Recipe, st):
-    "Apply the recipe's layout to `model`."
+    "Apply the recipe's layout to `model` through the parallel engine (a `ParallelModel`); unchanged in one process."
     if st is None or st.world == 1: return model
-    p = recipe.parallel
-    try: from nxpretrain.parallel import parallelize
-    except ImportError: parallelize = None
-    if parallelize is not None: return parallelize(model, recipe, st.mesh)
-    if p.tp * p.pp * p.cp > 1: raise RecipeError(f"parallel.tp/pp/cp = {p.tp}/{p.pp}/{p.cp}: this build has data parallelism only; set them to 1")
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    return DDP(model, process_group=st.group('dp'))
+    from nxpretrain.parallel.engine import parallelize
+    pm = parallelize(model, recipe, st)
+    if len(pm.parts) > 1: raise RecipeError("parallel.virtual_pp>1: checkpoints of interleaved pipeline chunks are not supported yet; use virtual_pp=1")
+    return pm
 
 # %% ../../nbs/api/43_trainer.ipynb #3c8c9ae7
 def _autocast_dtype(recipe: Recipe, device, log=print):
@@ -136,35 +133,40 @@ def _loss(model, batch, device, autocast_dtype):
         logits = model(tokens)
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
-def _sync_context(model, last: bool):
-    import contextlib
-    return model.no_sync() if hasattr(model, 'no_sync') and not last else contextlib.nullcontext()
-
 def train_step(model, batches: list, device, autocast=None, max_norm: float = 0.0, grad_groups=()) -> tuple[float, "torch.Tensor"]:
     "Forward/backward over this rank's micro `batches`; (mean loss, total grad norm before clipping). Gradients stay in place."
     from nxpretrain.train.optim import clip_grads
     total = 0.0
     for i, b in enumerate(batches):
-        with _sync_context(model, i == len(batches) - 1):
-            loss = _loss(model, b, device, autocast) / len(batches)
-            loss.backward()
+        loss = _loss(model, b, device, autocast) / len(batches)
+        loss.backward()
         total += loss.item()
     return total, clip_grads(list(model.parameters()), max_norm, grad_groups)
 
 # %% ../../nbs/api/43_trainer.ipynb #722e0c19
-def evaluate_loss(model, dataset, micro_batch: int, steps: int, device, autocast=None, dp_rank: int = 0, dp: int = 1, dp_group=None) -> dict:
+def evaluate_loss(model, dataset, micro_batch: int, steps: int, device, autocast=None, dp_rank: int = 0, dp: int = 1, dp_group=None, tp: int = 1) -> dict:
     "{'loss', 'perplexity'} of `model` on the first `steps`·`micro_batch`·`dp` samples of `dataset`."
-    import torch
+    import torch, contextlib
+    from torch.distributed.tensor.parallel import loss_parallel
     was_training = model.training; model.eval()
     total = torch.zeros(2, dtype=torch.float64)
-    with torch.no_grad():
+    with torch.no_grad(), (loss_parallel() if tp > 1 else contextlib.nullcontext()):  # TP: vocabulary-sharded logits
         for b in micro_batches(dataset, 0, micro_batch * steps * dp, micro_batch, dp_rank, dp):
-            total += torch.tensor([_loss(model, b, device, autocast).item(), 1.0], dtype=torch.float64)
+            loss = _loss(model, b, device, autocast)
+            total += torch.tensor([(loss.full_tensor() if hasattr(loss, 'full_tensor') else loss).item(), 1.0], dtype=torch.float64)
     if dp > 1:
         import torch.distributed as dist; dist.all_reduce(total, group=dp_group)
     model.train(was_training)
     loss = (total[0] / total[1]).item()
     return {'loss': loss, 'perplexity': math.exp(min(loss, 50))}
+
+# %% ../../nbs/api/43_trainer.ipynb #0eacf35e
+_told = set()
+def _can_evaluate(model, log) -> bool:
+    st = getattr(model, 'state', None)
+    if st is None or (st.pp == 1 and st.cp == 1): return True
+    if 'eval' not in _told: log("validation skipped: evaluating with pipeline or context parallelism is not supported yet (evaluate the checkpoint with nxpretrain.evaluate)"); _told.add('eval')
+    return False
 
 # %% ../../nbs/api/43_trainer.ipynb #9fab6941
 STEPS_FILE = 'steps.jsonl'
@@ -180,14 +182,24 @@ def _logger(path: Path | None):
         with open(path, 'a') as f: f.write(line + '\n')
     return log
 
+def _module(model):
+    "The `nn.Module` whose parameter names are the checkpoint's keys (a pipeline stage keeps the full model's names)."
+    return model.parts[0] if hasattr(model, 'parts') else model
+
+def _options():
+    # flattened optimizer state: every entry keyed by parameter name ('state.layers.0.mlp.w1.weight.exp_avg',
+    # 'param_groups.….lr'), so it does not depend on which rank holds which parameters – the key to resharding
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
 def _app_state(model, optimizer) -> dict:
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    m, o = get_state_dict(model, optimizer)
+    m, o = get_state_dict(_module(model), optimizer, options=_options())
     return {'model': m, 'optim': o}
 
 def _restore(model, optimizer, state: dict):
     from torch.distributed.checkpoint.state_dict import set_state_dict
-    set_state_dict(model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optim'])
+    set_state_dict(_module(model), optimizer, model_state_dict=state['model'], optim_state_dict=state['optim'], options=_options())
 
 # %% ../../nbs/api/43_trainer.ipynb #994612c9
 def _start(recipe: Recipe, run_dir: Path, device, st, dp, log, resume_from, weights_only, async_save):
@@ -199,13 +211,14 @@ def _start(recipe: Recipe, run_dir: Path, device, st, dp, log, resume_from, weig
     tr = recipe.trainer
     torch.manual_seed(tr.seed)
     model = _wrap(build_model(recipe.model, padded_vocab(recipe.model, recipe.parallel.tp)).to(device), recipe, st)
-    optimizer = build_optimizer(model, recipe.optim)
+    # the engine's AdamW knows ZeRO-1; LAMB (and AdamW in one process) come from train.optim
+    optimizer = model.build_optimizer() if hasattr(model, 'build_optimizer') and recipe.optim.name == 'adamw' else build_optimizer(model, recipe.optim)
     torch.manual_seed(tr.seed + 1 + rank())  # each rank its own dropout stream; a resume restores it from the checkpoint
     ck = Checkpointer(run_dir / 'checkpoints', tr.keep_last, async_save, log=log)
     resumed = None
     if weights_only:
         if not resume_from: raise RecipeError("weights_only=True needs resume_from=<checkpoint folder>")
-        log(f"initialising weights from {load_weights(model, resume_from)} (weights only: fresh optimizer, schedule and data position)")
+        log(f"initialising weights from {load_weights(_module(model), resume_from)} (weights only: fresh optimizer, schedule and data position)")
     elif tr.resume or resume_from:
         state = _app_state(model, optimizer)
         if (resumed := ck.load(state, path=resume_from)) is not None: _restore(model, optimizer, state)
@@ -247,12 +260,15 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
             t0 = time.perf_counter()
             lr = lr_at(step, recipe.optim, max_steps)
             for g in optimizer.param_groups: g['lr'] = lr
-            loss, gnorm = train_step(model, list(micro_batches(train_ds, consumed, d.global_batch, d.micro_batch, dp_rank, dp)),
-                                     device, autocast, recipe.optim.clip_grad, grad_groups)
+            batches = list(micro_batches(train_ds, consumed, d.global_batch, d.micro_batch, dp_rank, dp))
+            if hasattr(model, 'forward_backward'):  # parallel engine: global mean loss, gradients reduced over every group
+                loss = model.forward_backward(torch.cat([b['tokens'] for b in batches]).to(device), torch.cat([b['labels'] for b in batches]).to(device))
+                gnorm = torch.tensor(model.clip_grad_norm_(recipe.optim.clip_grad))
+            else: loss, gnorm = train_step(model, batches, device, autocast, recipe.optim.clip_grad, grad_groups)
             time_due = tr.save_every_minutes > 0 and time.time() - last_save >= 60 * tr.save_every_minutes
-            flags = torch.tensor([loss, stop.signal is not None, time_due], dtype=torch.float64)
-            if n_world > 1: dist.all_reduce(flags)  # one collective: mean loss, and every rank learns of any stop/save request
-            loss = flags[0].item() / n_world
+            flags = torch.tensor([loss if rank() == 0 else 0.0, stop.signal is not None, time_due], dtype=torch.float64)
+            if n_world > 1: dist.all_reduce(flags)  # one collective: every rank gets rank 0's loss and learns of any stop/save request
+            loss = flags[0].item()
             if math.isfinite(loss) and torch.isfinite(gnorm): optimizer.step(); nonfinite = 0
             else: skipped, nonfinite = skipped + 1, nonfinite + 1; log(f"step {step + 1}: loss {loss} / grad norm {gnorm.item()} not finite; optimizer step skipped ({nonfinite} in a row)")
             optimizer.zero_grad(set_to_none=True)
@@ -275,8 +291,9 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
                 scalars.write(step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps, mfu=mfu, consumed_samples=consumed, skipped_steps=skipped)
                 win_time, win_steps = 0.0, 0
             else: scalars.write(step, loss=loss, lr=lr)
-            if tr.eval_every and step % tr.eval_every == 0 and tr.eval_steps and valid_ds is not None:
-                res.eval = evaluate_loss(model, valid_ds, d.micro_batch, tr.eval_steps, device, autocast, dp_rank, dp, st.group('dp') if st else None)
+            if tr.eval_every and step % tr.eval_every == 0 and tr.eval_steps and valid_ds is not None and _can_evaluate(model, log):
+                res.eval = evaluate_loss(model.parts[0] if hasattr(model, 'parts') else model, valid_ds, d.micro_batch, tr.eval_steps, device, autocast,
+                                         dp_rank, dp, st.group('dp') if st else None, tp=st.tp if st else 1)
                 log(f"step {step} | validation loss {res.eval['loss']:.4f} | perplexity {res.eval['perplexity']:.2f}")
                 scalars.write(step, val_loss=res.eval['loss'], val_ppl=res.eval['perplexity'])
             signalled = flags[1].item() > 0
