@@ -306,6 +306,7 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
             flags = torch.tensor([loss if rank() == 0 else 0.0, stop.signal is not None, time_due], dtype=torch.float64)
             if n_world > 1: dist.all_reduce(flags)  # one collective: every rank gets rank 0's loss and learns of any stop/save request
             loss = flags[0].item()
+            ck.wait_staged()  # an async save still copying the weights must finish copying before they change
             if math.isfinite(loss) and torch.isfinite(gnorm): optimizer.step(); nonfinite = 0
             else: skipped, nonfinite = skipped + 1, nonfinite + 1; log(f"step {step + 1}: loss {loss} / grad norm {gnorm.item()} not finite; optimizer step skipped ({nonfinite} in a row)")
             optimizer.zero_grad(set_to_none=True)
