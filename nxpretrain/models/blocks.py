@@ -53,8 +53,14 @@ def apply_rope(x, cos, sin):
     return x * cos + rotate_half(x) * sin
 
 # %% ../../nbs/api/21_blocks.ipynb #d241ed91
+def _plain(lin: nn.Linear) -> bool:
+    "A linear layer nothing has hooked or sharded (its forward is exactly F.linear of its own tensors)."
+    return (not (lin._forward_hooks or lin._forward_pre_hooks) and type(lin).forward is nn.Linear.forward
+            and all(type(t) in (nn.Parameter, torch.Tensor) for t in (lin.weight, lin.bias) if t is not None))
+
 class Attention(nn.Module):
     "Multi-head attention with separate projections; `rope` = (cos, sin) tables or None; `mask` = boolean keep mask or None."
+    fuse_qkv = True  # run wq/wk/wv as one GEMM when they are plain modules
     def __init__(self, hidden: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = False,
                  dropout: float = 0.0, causal: bool = True):
         super().__init__()
@@ -67,11 +73,17 @@ class Attention(nn.Module):
         self.core = SDPA(dropout)
         self.resid_dropout = nn.Dropout(dropout)
 
+    def project(self, x):
+        "q, k, v = wq(x), wk(x), wv(x) – as one GEMM where that is exact."
+        lins = (self.wq, self.wk, self.wv)
+        if not (self.fuse_qkv and all(_plain(l) for l in lins)): return tuple(l(x) for l in lins)
+        w = torch.cat([l.weight for l in lins])
+        b = torch.cat([l.bias for l in lins]) if self.wq.bias is not None else None
+        return F.linear(x, w, b).split([l.out_features for l in lins], dim=-1)
+
     def forward(self, x, rope=None, mask=None):
         B, S, _ = x.shape
-        q = self.wq(x).view(B, S, -1, self.head_dim)
-        k = self.wk(x).view(B, S, -1, self.head_dim)
-        v = self.wv(x).view(B, S, -1, self.head_dim)
+        q, k, v = (t.view(B, S, -1, self.head_dim) for t in self.project(x))
         if rope is not None: q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if (rep := q.size(1) // k.size(1)) > 1:  # GQA: each kv head serves `rep` consecutive query heads
