@@ -145,6 +145,7 @@ class CorpusRecipe:
     chunks: int = 0             # concatenate (extracted, filtered) files into this many chunks; 0 = one output per file
     prepared: bool = False      # files are a ready .bin/.idx pair (seed 0's Wikipedia)
     sha256: dict = field(default_factory=dict)   # file name -> expected checksum
+    hf: tuple = ()              # (dataset, config) read with HF datasets when base_url is empty
     notes: str = ''
 
 # %% ../../nbs/api/14_prepare.ipynb #91c71746
@@ -160,7 +161,7 @@ CORPORA = {
     'slimpajama': CorpusRecipe('slimpajama', [f'chunk{c}/example_train_{i}.jsonl.zst' for c in range(1, 11) for i in range(5912)],
                                'https://huggingface.co/datasets/cerebras/SlimPajama-627B/resolve/main/train/', sets=_SLIMPAJAMA_SETS,
                                chunks=72, notes='seed 2: 59,120 train files → extract → 72 chunks → tokenize; pass sets=... to filter'),
-    'wikicorpus-llama3': CorpusRecipe('wikicorpus-llama3', ['wikicorpus_raw_en.jsonl'], tokenizer='llama3',
+    'wikicorpus-llama3': CorpusRecipe('wikicorpus-llama3', ['wikicorpus_raw_en.jsonl'], tokenizer='llama3', hf=('wikicorpus', 'raw_en'),
                                       notes='seed 4: HF datasets wikicorpus raw_en (export_hf_dataset) + the Llama 3 tokenizer.json; '
                                             'train on 8192-token blocks (nxpretrain.data.blocks)'),
 }
@@ -216,9 +217,11 @@ def run_stage(recipe: CorpusRecipe, stage: str, root: str | Path = 'runs/data', 
         if (r := done(cdir, name)): out.append(r); continue
         t0 = time.time()
         if stage == 'download':
-            from nxpretrain.data.download import fetch_file
-            url = unit if '://' in unit else recipe.base_url + unit
-            p = fetch_file(url, _local(recipe, root, unit), recipe.sha256.get(unit), progress=progress)
+            from nxpretrain.data.download import fetch_file, export_hf_dataset
+            if recipe.hf and not recipe.base_url: p = export_hf_dataset(*recipe.hf, _local(recipe, root, unit), key=recipe.key)
+            else:
+                url = unit if '://' in unit else recipe.base_url + unit
+                p = fetch_file(url, _local(recipe, root, unit), recipe.sha256.get(unit), progress=progress)
             info = dict(bytes=p.stat().st_size)
         elif stage == 'extract':
             src = _local(recipe, root, unit)
@@ -230,7 +233,7 @@ def run_stage(recipe: CorpusRecipe, stage: str, root: str | Path = 'runs/data', 
             src = cdir / 'chunks' / f'{unit}.jsonl' if recipe.chunks else _local(recipe, root, unit)
             prefix = _prefix(recipe, root, tokenizer, unit)
             info = dict(prefix=prefix, **tokenize_files([src], prefix, tokenizer, workers, str(root), recipe.key, strict, progress))
-        record(cdir, name, seconds=time.time() - t0, **info)
+        record(cdir, name, **{'seconds': time.time() - t0, **info})
         out.append(done(cdir, name))
     return out
 
@@ -258,7 +261,7 @@ def get_recipe_corpus(corpus: str, base_url: str | None = None) -> CorpusRecipe:
     return r if base_url is None else CorpusRecipe(**{**asdict(r), 'base_url': base_url})
 
 # %% ../../nbs/api/14_prepare.ipynb #aaa68561
-def prepare(corpus: str, # catalog name (demo, wikipedia, pile, slimpajama, wikicorpus-llama3) or a .jsonl/.jsonl.zst path
+def prepare(corpus: str | CorpusRecipe, # catalog name (demo, wikipedia, pile, slimpajama, wikicorpus-llama3) or a .jsonl/.jsonl.zst path
             tokenizer: str | None = None, # tokenizer spec; default: the corpus recipe's
             output: str = 'runs/data', # root directory of prepared corpora
             workers: int = max(1, (os.cpu_count() or 2)), # tokenizer processes
@@ -273,7 +276,8 @@ def prepare(corpus: str, # catalog name (demo, wikipedia, pile, slimpajama, wiki
     "Prepare a corpus into .bin/.idx; returns the path prefixes written (one when merged)."
     if task is None or num_tasks is None: task, num_tasks = slurm_task()
     if corpus == 'demo': return [prepare_demo(output, tokenizer or 'demo', progress=progress)[0]]
-    if Path(corpus).exists() and not Path(corpus).is_dir():
+    if isinstance(corpus, CorpusRecipe): recipe = corpus
+    elif Path(corpus).exists() and not Path(corpus).is_dir():
         stem = Path(corpus).name.split('.')[0]
         recipe = CorpusRecipe(stem, [str(Path(corpus).resolve())], tokenizer=tokenizer or 'demo')
     else: recipe = get_recipe_corpus(corpus, base_url)
