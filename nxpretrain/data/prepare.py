@@ -11,7 +11,7 @@ import numpy as np
 from tqdm.auto import tqdm
 from .corpus import DataError, LineStats, iter_jsonl, line_ranges, demo_documents, write_jsonl, extract_zst
 from .indexed import IndexedWriter, IndexedDataset, merge_datasets, token_dtype, check_tokens
-from .tokenizers import get_tokenizer
+from .tokenizers import get_tokenizer, demo_tokenizer
 
 # %% auto #0
 __all__ = ['CORPORA', 'STAGES', 'encode_documents', 'Job', 'run_job', 'tokenize_files', 'record', 'done', 'read_manifest',
@@ -305,14 +305,16 @@ def prepare_demo(root: str | Path = 'runs/data', tokenizer: str = 'demo', progre
     prefix, unit = str(cdir / tag / 'demo_text_document'), f'tokenize-{tag}/demo'
     if (r := done(cdir, unit)) and Path(prefix + '.idx').exists(): return prefix, r
     t0 = time.time()
-    tok = get_tokenizer(tokenizer, root)
     docs = demo_documents()
+    tok = demo_tokenizer(root, docs) if tokenizer == 'demo' else get_tokenizer(tokenizer, root)
+    t1 = time.time()
     with IndexedWriter(prefix, token_dtype(tok.vocab_size), tok.vocab_size) as w:
         for i in tqdm(range(0, len(docs), 1024), desc='tokenize demo', disable=not progress):
             w.add_documents(*encode_documents(tok, docs[i:i + 1024]))
+    t2 = time.time()
     if not (cdir / 'demo.jsonl').exists(): write_jsonl(docs, cdir / 'demo.jsonl')
     record(cdir, unit, prefix=prefix, documents=len(docs), tokens=w.num_tokens, chars=sum(map(len, docs)),
-           bytes=(cdir / 'demo.jsonl').stat().st_size, bad=0, empty=0, seconds=time.time() - t0)
+           bytes=(cdir / 'demo.jsonl').stat().st_size, bad=0, empty=0, seconds=t2 - t1, total_seconds=time.time() - t0)
     return prefix, done(cdir, unit)
 
 # %% ../../nbs/api/14_prepare.ipynb #1c431012

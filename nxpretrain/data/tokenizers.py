@@ -81,13 +81,14 @@ def train_bpe(texts, vocab_size: int, eod: str = '<|endoftext|>', min_frequency:
     return HFTokenizer(tok, eod, 'bpe')
 
 # %% ../../nbs/api/12_tokenizers.ipynb #7ccbe8e4
-def demo_tokenizer(cache_dir: str | Path = 'runs/data') -> HFTokenizer:
+def demo_tokenizer(cache_dir: str | Path = 'runs/data', docs: list | None = None, # the demo corpus, when the caller has it already
+                  ) -> HFTokenizer:
     "The demo BPE (8192 tokens) trained on the demo corpus, cached under `cache_dir/demo/`."
     from tokenizers import Tokenizer
     path = Path(cache_dir) / 'demo' / 'tokenizer.json'
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        t = train_bpe(demo_documents(), DEMO_VOCAB)
+        t = train_bpe(docs if docs is not None else demo_documents(), DEMO_VOCAB)
         t.tok.save(str(path) + '.part'); os.replace(str(path) + '.part', path)
     return HFTokenizer(Tokenizer.from_file(str(path)), '<|endoftext|>', 'demo')
 
