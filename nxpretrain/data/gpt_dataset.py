@@ -64,15 +64,17 @@ def build_sample_index(sizes: np.ndarray, document_index: np.ndarray, seq_len: i
     "Start (position in document_index, token offset) of every sample, plus the end: shape [m+1, 2]."
     total = epochs * tokens_per_epoch - extra
     m = total // seq_len if drop_last else -(-total // seq_len)
-    doc_lengths = np.asarray(sizes)[document_index].astype(np.int64)
-    ends = np.cumsum(doc_lengths)                    # ends[d] = stream position just after document d
-    starts = ends - doc_lengths
-    target = np.arange(1, m + 1, dtype=np.int64) * seq_len
-    d = np.searchsorted(ends, target + extra, side='left')
+    ends = np.cumsum(np.asarray(sizes)[document_index], dtype=np.int64)   # stream position just after each document
+    # sample k (1..m) ends at k·S + extra, inside the first document whose end reaches it: count those per document
+    upto = np.minimum(np.maximum(ends - extra, -1) // seq_len, m)
+    upto[upto < 0] = 0
+    d = np.repeat(np.arange(len(ends), dtype=np.int64), np.diff(upto, prepend=0))
     last = len(document_index) - 1
-    off = target - starts[np.minimum(d, last)]
-    past = d > last                                  # only the partial last sample when drop_last is False
-    d[past], off[past] = last, int(doc_lengths[last]) - extra
+    if len(d) < m: d = np.append(d, np.full(m - len(d), last + 1))     # the partial last sample when drop_last is False
+    past = d > last
+    dc = np.minimum(d, last)
+    off = np.arange(1, m + 1, dtype=np.int64) * seq_len - (ends[dc] - np.asarray(sizes)[document_index[dc]])
+    d[past], off[past] = last, int(sizes[document_index[last]]) - extra
     big = max(len(document_index), int(np.max(sizes))) > np.iinfo(np.int32).max
     out = np.empty((m + 1, 2), np.int64 if big else np.int32)
     out[0] = 0; out[1:, 0] = d; out[1:, 1] = off
