@@ -47,17 +47,19 @@ def bench_preprocess(args, work: Path):
     print(f'corpus: {len(docs):,} documents, {mb:.1f} MB JSONL; byte-level BPE {tok.vocab_size} tokens; workers={args.workers}')
 
     gpt2 = get_tokenizer(f'gpt2:{work}')
-    t0 = time.perf_counter(); ids = gpt2.tok.encode_batch(docs, add_special_tokens=False); t_tok = time.perf_counter() - t0
-    n_tokens = sum(len(e.ids) for e in ids) + len(docs)
+    t0 = time.perf_counter(); ids = gpt2.encode_batch(docs); t_tok = time.perf_counter() - t0   # HF batch encode, all cores
+    n_tokens = sum(map(len, ids)) + len(docs)
     del ids
+    from nxpretrain.data.prepare import tokenize_files
+    st = tokenize_files([corpus], work / 'inproc', f'gpt2:{work}', args.workers, str(work / 'cache'), progress=False)
 
     env = {**os.environ, 'PYTHONPATH': str(ROOT), 'TOKENIZERS_PARALLELISM': 'true'}
     ours_cmd = [sys.executable, '-m', 'nxpretrain.data.prepare', str(corpus), '--tokenizer', f'gpt2:{work}', '--output', str(work / 'ours'),
                 '--workers', str(args.workers), '--no-progress']
-    results = {'tokenizer alone (encode_batch, in memory)': t_tok}
+    results = {'tokenizer alone (encode_batch, in memory)': t_tok, 'ours, pipeline in this process': st['seconds']}
     for rnd in range(args.rounds):                                 # alternate the tools so drifting load hits both
         shutil.rmtree(work / 'ours', ignore_errors=True)
-        t = timed(ours_cmd, env=env)
+        t = timed(ours_cmd, env=env)   # a fresh interpreter, like Megatron's: imports included
         results['ours end-to-end'] = min(t, results.get('ours end-to-end', 1e9))
         if args.megatron:
             (work / 'meg.py').write_text(_MEG_WRAPPER)
@@ -73,7 +75,8 @@ def bench_preprocess(args, work: Path):
     print(f'\n{"":42s} {"seconds":>8s} {"M tokens/s":>11s}')
     for k, v in results.items(): print(f'{k:42s} {v:8.2f} {n_tokens / v / 1e6:11.3f}')
     ours = results['ours end-to-end']
-    print(f'\nours / tokenizer alone: {t_tok / ours:.2f} of the tokenizer-alone speed (target ≥ 0.80)')
+    print(f'\nours / tokenizer alone: {t_tok / ours:.2f} of the tokenizer-alone speed end-to-end (target ≥ 0.80), '
+          f'{t_tok / st["seconds"]:.2f} for the pipeline without interpreter start-up')
     if args.megatron:
         meg = results['Megatron-LM preprocess_data end-to-end']
         same = all((Path(str(ours_prefix) + s).read_bytes() == (work / f'meg_text_document{s}').read_bytes()) for s in ('.bin', '.idx'))

@@ -64,20 +64,22 @@ def build_sample_index(sizes: np.ndarray, document_index: np.ndarray, seq_len: i
     "Start (position in document_index, token offset) of every sample, plus the end: shape [m+1, 2]."
     total = epochs * tokens_per_epoch - extra
     m = total // seq_len if drop_last else -(-total // seq_len)
-    ends = np.cumsum(np.asarray(sizes)[document_index], dtype=np.int64)   # stream position just after each document
-    # sample k (1..m) ends at k·S + extra, inside the first document whose end reaches it: count those per document
-    upto = np.minimum(np.maximum(ends - extra, -1) // seq_len, m)
-    upto[upto < 0] = 0
-    d = np.repeat(np.arange(len(ends), dtype=np.int64), np.diff(upto, prepend=0))
-    last = len(document_index) - 1
-    if len(d) < m: d = np.append(d, np.full(m - len(d), last + 1))     # the partial last sample when drop_last is False
-    past = d > last
-    dc = np.minimum(d, last)
-    off = np.arange(1, m + 1, dtype=np.int64) * seq_len - (ends[dc] - np.asarray(sizes)[document_index[dc]])
-    d[past], off[past] = last, int(sizes[document_index[last]]) - extra
     big = max(len(document_index), int(np.max(sizes))) > np.iinfo(np.int32).max
     out = np.empty((m + 1, 2), np.int64 if big else np.int32)
-    out[0] = 0; out[1:, 0] = d; out[1:, 1] = off
+    out[0] = 0
+    lengths = np.take(sizes, document_index)                 # np.take: faster than fancy indexing
+    ends = np.cumsum(lengths, dtype=np.int64)                # stream position just after each document
+    # sample k (1..m) ends at k·S + extra, inside the first document whose end reaches it: count those ends per document
+    upto = ends - extra; upto //= seq_len
+    np.clip(upto, 0, m, out=upto)
+    upto[1:] -= upto[:-1].copy()
+    d = np.repeat(np.arange(len(ends), dtype=out.dtype), upto)
+    n = len(d)
+    out[1:n + 1, 0] = d
+    off = np.arange(seq_len, (n + 1) * seq_len, seq_len, dtype=np.int64)
+    off -= np.take(ends, d); off += np.take(lengths, d)
+    out[1:n + 1, 1] = off
+    if n < m: out[n + 1:] = len(document_index) - 1, int(lengths[-1]) - extra   # partial last sample (drop_last False)
     return out
 
 # %% ../../nbs/api/13_gpt_dataset.ipynb #d166c587

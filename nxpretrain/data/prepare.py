@@ -91,7 +91,9 @@ def tokenize_files(inputs: list, # .jsonl / .jsonl.zst files, in output order
     get_tokenizer(tokenizer, cache_dir)   # fail fast on a bad spec (and train/cache the demo tokenizer once)
     jobs = []
     for i, p in enumerate(inputs):
-        ranges = [(0, None)] if str(p).endswith('.zst') or workers == 1 else line_ranges(p, workers)
+        # several ranges per worker, dealt dynamically: a worker slowed by a busy core does not hold up the others
+        parts = min(4 * workers, max(workers, os.path.getsize(p) >> 20))
+        ranges = [(0, None)] if str(p).endswith('.zst') or workers == 1 else line_ranges(p, parts)
         jobs += [Job(str(p), f'{out_prefix}.part{i:04d}-{j:03d}', tokenizer, cache_dir, a, b, key, strict) for j, (a, b) in enumerate(ranges)]
     total = sum(os.path.getsize(p) for p in inputs)
     bar = tqdm(total=total, unit='B', unit_scale=True, desc=f'tokenize {Path(out_prefix).name}', disable=not progress)
