@@ -87,6 +87,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                  'nxpretrain/data/gpt_dataset.py'),
                                              'nxpretrain.data.gpt_dataset.GPTDataset.tokens': ( 'api/gpt_dataset.html#gptdataset.tokens',
                                                                                                 'nxpretrain/data/gpt_dataset.py'),
+                                             'nxpretrain.data.gpt_dataset.build_blended_gpt_datasets': ( 'api/gpt_dataset.html#build_blended_gpt_datasets',
+                                                                                                         'nxpretrain/data/gpt_dataset.py'),
                                              'nxpretrain.data.gpt_dataset.build_blending_indices': ( 'api/gpt_dataset.html#build_blending_indices',
                                                                                                      'nxpretrain/data/gpt_dataset.py'),
                                              'nxpretrain.data.gpt_dataset.build_document_index': ( 'api/gpt_dataset.html#build_document_index',

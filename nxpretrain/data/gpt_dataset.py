@@ -13,7 +13,7 @@ from .indexed import IndexedDataset
 # %% auto #0
 __all__ = ['parse_split', 'split_ranges', 'num_epochs', 'build_document_index', 'build_shuffle_index', 'build_sample_index',
            'build_indices', 'build_blending_indices', 'GPTDataset', 'build_gpt_datasets', 'BlendedDataset',
-           'sample_ids']
+           'build_blended_gpt_datasets', 'sample_ids']
 
 # %% ../../nbs/api/13_gpt_dataset.ipynb #fbe20524
 def parse_split(split: str) -> list[float]:
@@ -179,6 +179,27 @@ class BlendedDataset:
     def __len__(self): return self.size
     def __getitem__(self, k: int):
         return self.datasets[int(self.dataset_index[k])][int(self.dataset_sample_index[k])]
+
+# %% ../../nbs/api/13_gpt_dataset.ipynb #387c395d
+def build_blended_gpt_datasets(blend: list, # [weight, prefix, weight, prefix, ...]
+                               seq_len: int, split: str = '949,50,1', seed: int = 1234, num_samples: tuple = (None, None, None),
+                               cache: bool = True, surplus: float = 0.005) -> tuple:
+    "(train, valid, test) BlendedDatasets over several indexed datasets, megatron-core-identical."
+    import math
+    if len(blend) % 2 or len(blend) < 4: raise DataError(f'blend {blend!r}: give [weight, prefix, weight, prefix, ...] with at least two prefixes')
+    w = np.array([float(x) for x in blend[0::2]], np.float64); prefixes = blend[1::2]
+    w = (w / w.sum()).tolist()
+    target = [[None if n is None else int(math.ceil(n * x)) for n in num_samples] for x in w]
+    buffer = [[None if n is None else int(math.ceil(math.ceil(n * x) * (1 + surplus))) for n in num_samples] for x in w]
+    per = [build_gpt_datasets(p, seq_len, split, seed, tuple(b), cache) for p, b in zip(prefixes, buffer)]
+    out = []
+    for i, name in enumerate(('train', 'valid', 'test')):
+        parts = [d[i] for d in per]
+        if all(p is None for p in parts): out.append(None); continue
+        if num_samples[i] is None: raise DataError(f'blend: the {name} split needs a number of samples (megatron-core requires sizes with weights)')
+        if any(p is None for p in parts): raise DataError(f'blend: a corpus has too few tokens for the {name} split {split!r}')
+        out.append(BlendedDataset(parts, w, sum(t[i] for t in target)))
+    return tuple(out)
 
 # %% ../../nbs/api/13_gpt_dataset.ipynb #aafef787
 def sample_ids(total: int, consumed_samples: int, micro_batch: int, dp_rank: int = 0, dp_size: int = 1):
