@@ -60,26 +60,28 @@ def build_shuffle_index(num_samples: int, total: int, rng: np.random.RandomState
 
 # %% ../../nbs/api/13_gpt_dataset.ipynb #69039ed4
 def build_sample_index(sizes: np.ndarray, document_index: np.ndarray, seq_len: int, epochs: int, tokens_per_epoch: int,
-                       drop_last: bool = True, extra: int = 1) -> np.ndarray:
+                       drop_last: bool = True, extra: int = 1, block: int = 1 << 17) -> np.ndarray:
     "Start (position in document_index, token offset) of every sample, plus the end: shape [m+1, 2]."
     total = epochs * tokens_per_epoch - extra
     m = total // seq_len if drop_last else -(-total // seq_len)
     big = max(len(document_index), int(np.max(sizes))) > np.iinfo(np.int32).max
     out = np.empty((m + 1, 2), np.int64 if big else np.int32)
     out[0] = 0
-    lengths = np.take(sizes, document_index)                 # np.take: faster than fancy indexing
-    ends = np.cumsum(lengths, dtype=np.int64)                # stream position just after each document
-    # sample k (1..m) ends at k·S + extra, inside the first document whose end reaches it: count those ends per document
-    upto = ends - extra; upto //= seq_len
-    np.clip(upto, 0, m, out=upto)
-    upto[1:] -= upto[:-1].copy()
-    d = np.repeat(np.arange(len(ends), dtype=out.dtype), upto)
-    n = len(d)
-    out[1:n + 1, 0] = d
-    off = np.arange(seq_len, (n + 1) * seq_len, seq_len, dtype=np.int64)
-    off -= np.take(ends, d); off += np.take(lengths, d)
-    out[1:n + 1, 1] = off
-    if n < m: out[n + 1:] = len(document_index) - 1, int(lengths[-1]) - extra   # partial last sample (drop_last False)
+    carry, prev, n = 0, 0, 0
+    for a in range(0, len(document_index), block):          # blocks of documents: temporaries stay in cache
+        lengths = np.take(sizes, document_index[a:a + block])  # np.take: faster than fancy indexing
+        ends = np.cumsum(lengths, dtype=np.int64); ends += carry   # stream position just after each document
+        # sample k (1..m) ends at k·S + extra, inside the first document whose end reaches it: count those ends per document
+        upto = ends - extra; upto //= seq_len
+        np.clip(upto, 0, m, out=upto)
+        d = np.repeat(np.arange(a, a + len(lengths), dtype=out.dtype), np.diff(upto, prepend=prev))
+        if k := len(d):
+            rel = d - a
+            off = np.arange((n + 1) * seq_len, (n + k + 1) * seq_len, seq_len, dtype=np.int64)
+            off -= np.take(ends, rel); off += np.take(lengths, rel)
+            out[n + 1:n + k + 1, 0] = d; out[n + 1:n + k + 1, 1] = off
+        n, carry, prev = n + k, int(ends[-1]), int(upto[-1])
+    if n < m: out[n + 1:] = len(document_index) - 1, int(sizes[document_index[-1]]) - extra   # partial last sample (drop_last False)
     return out
 
 # %% ../../nbs/api/13_gpt_dataset.ipynb #d166c587
