@@ -131,10 +131,12 @@ class GPTDataset:
         else:
             arrays = build_indices(data.lengths, documents, seq_len, num_samples, seed)
             if cache:
-                paths[0].parent.mkdir(parents=True, exist_ok=True)
-                for p, a in zip(paths, arrays):
-                    with open(str(p) + '.part', 'wb') as f: np.save(f, a)
-                    os.replace(str(p) + '.part', p)
+                try:
+                    paths[0].parent.mkdir(parents=True, exist_ok=True)
+                    for p, a in zip(paths, arrays):
+                        with open(str(p) + '.part', 'wb') as f: np.save(f, a)
+                        os.replace(str(p) + '.part', p)
+                except OSError: pass   # a read-only dataset directory: rebuild next time instead
             self.document_index, self.sample_index, self.shuffle_index = arrays
         self.num_samples = len(self.shuffle_index) if num_samples is None else num_samples
 
