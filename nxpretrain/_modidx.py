@@ -157,6 +157,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                    'nxpretrain/data/prepare.py'),
                                          'nxpretrain.data.prepare._local': ('api/prepare.html#_local', 'nxpretrain/data/prepare.py'),
                                          'nxpretrain.data.prepare._prefix': ('api/prepare.html#_prefix', 'nxpretrain/data/prepare.py'),
+                                         'nxpretrain.data.prepare._prepared_prefix': ( 'api/prepare.html#_prepared_prefix',
+                                                                                       'nxpretrain/data/prepare.py'),
                                          'nxpretrain.data.prepare._units': ('api/prepare.html#_units', 'nxpretrain/data/prepare.py'),
                                          'nxpretrain.data.prepare.array_plan': ( 'api/prepare.html#array_plan',
                                                                                  'nxpretrain/data/prepare.py'),

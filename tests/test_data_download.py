@@ -145,3 +145,27 @@ def test_slurm_array_worker_processes(tmp_path, cache):
     prefix, = prepare('pile', 'demo', str(out), progress=False, task=0, num_tasks=1)
     flat, _ = encode_documents(get_tokenizer('demo', out), docs)
     assert np.array_equal(np.asarray(IndexedDataset(prefix).bin), flat)
+
+
+def test_wikicorpus_llama3_recipe_to_blocks(tmp_path, cache):
+    """Seed 4: wikicorpus JSONL (served here instead of HF datasets) + a Llama-3-style tokenizer.json → 8192-token-style blocks."""
+    from tokenizers import processors
+    from nxpretrain.data.blocks import BlockDataset
+    docs = demo_documents()[:500]
+    write_jsonl(docs, tmp_path / 'srv' / 'wikicorpus_raw_en.jsonl')
+    from nxpretrain.data.tokenizers import train_bpe
+    t = train_bpe(docs, 2000, eod='<|end_of_text|>')            # Llama 3's EOD name, and a BOS post-processor
+    (tmp_path / 'data' / 'llama3').mkdir(parents=True)
+    t.tok.add_special_tokens(['<|begin_of_text|>'])
+    t.tok.post_processor = processors.TemplateProcessing(single='<|begin_of_text|> $A', special_tokens=[('<|begin_of_text|>', t.tok.token_to_id('<|begin_of_text|>'))])
+    t.tok.save(str(tmp_path / 'data' / 'llama3' / 'tokenizer.json'))
+    srv, base = serve_directory(tmp_path / 'srv')
+    try: prefix, = prepare('wikicorpus-llama3', None, str(tmp_path / 'data'), workers=2, base_url=base, progress=False)
+    finally: srv.shutdown()
+    llama = get_tokenizer('llama3', tmp_path / 'data')
+    assert llama.eod_id == t.tok.token_to_id('<|end_of_text|>')
+    flat, _ = encode_documents(llama, docs)
+    blocks = BlockDataset(prefix, 512)
+    assert len(blocks) == len(flat) // 512
+    assert blocks[3]['input_ids'].tolist() == flat[3 * 512:4 * 512].tolist()
+    assert ensure_dataset(DataConfig(corpus='wikicorpus-llama3', tokenizer='llama3'), str(tmp_path / 'data')) == prefix

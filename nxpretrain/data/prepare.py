@@ -320,6 +320,22 @@ def prepare_demo(root: str | Path = 'runs/data', tokenizer: str = 'demo', progre
     return prefix, done(cdir, unit)
 
 # %% ../../nbs/api/14_prepare.ipynb #1c431012
+def _prepared_prefix(r: CorpusRecipe, tokenizer: str, root) -> str:
+    "The single prefix of a prepared catalog corpus: the prepared pair, the merged file, or the shards merged now (e.g. after a Slurm array run)."
+    if r.prepared: merged = _local(r, root, r.files[0]).with_suffix('')
+    else:
+        units = _units(r, 'tokenize')
+        recs = [done(corpus_dir(r, root), f'tokenize-{Path(_prefix(r, root, tokenizer, u)).parent.name}/{u}') for u in units]
+        merged = Path(_prefix(r, root, tokenizer, units[0])).parent / f'{r.name}_text_document'
+        if all(recs) and not Path(str(merged) + '.idx').exists():
+            if len(recs) == 1: return recs[0]['prefix']
+            merge_datasets([x['prefix'] for x in recs], merged)
+    if not Path(str(merged) + '.idx').exists():
+        raise DataError(f"corpus {r.name!r} is not prepared under {corpus_dir(r, root)}: run nxpretrain.data.prepare.prepare({r.name!r}, "
+                        f"tokenizer={tokenizer!r}, output={str(root)!r}) (downloads from {r.base_url or 'HF datasets'}; {r.notes})")
+    return str(merged)
+
+# %% ../../nbs/api/14_prepare.ipynb #4568c181
 def ensure_dataset(data_cfg, # a recipes.DataConfig
                    root: str = 'runs/data', vocab_size: int | None = None, # check token ids against it when given
                   ) -> str:
@@ -328,14 +344,7 @@ def ensure_dataset(data_cfg, # a recipes.DataConfig
     if corpus == 'demo': prefix = prepare_demo(root, tokenizer)[0]
     elif Path(corpus + '.idx').exists() or Path(corpus + '.bin').exists(): prefix = corpus
     elif Path(corpus).is_file(): prefix = prepare(corpus, tokenizer, root, progress=False)[0]
-    elif corpus in CORPORA:
-        r = CORPORA[corpus]
-        tok_tag = 'wikipedia' if r.prepared else (tokenizer if tokenizer in ('demo', 'gpt2', 'llama3') else Path(tokenizer).stem)
-        merged = (_local(r, root, r.files[0]).with_suffix('') if r.prepared else corpus_dir(r, root) / tok_tag / f'{r.name}_text_document')
-        if not Path(str(merged) + '.idx').exists():
-            raise DataError(f"corpus {corpus!r} is not prepared under {corpus_dir(r, root)}: run nxpretrain.data.prepare.prepare({corpus!r}, "
-                            f"tokenizer={tokenizer!r}, output={root!r}) (downloads from {r.base_url or 'HF datasets'}; {r.notes})")
-        prefix = str(merged)
+    elif corpus in CORPORA: prefix = _prepared_prefix(CORPORA[corpus], tokenizer, root)
     else: raise DataError(f'corpus {corpus!r}: not a catalog name ({sorted(CORPORA)}), a .jsonl file or a .bin/.idx prefix')
     ds = IndexedDataset(prefix)
     if vocab_size is not None and ds.num_tokens <= 50_000_000: check_tokens(ds, vocab_size)
