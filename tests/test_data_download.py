@@ -124,7 +124,7 @@ def test_wikipedia_prepared_pair_download(tmp_path, cache):
 
 
 def test_slurm_array_worker_processes(tmp_path, cache):
-    """Three array tasks (2 steps each) split the Pile recipe's units; a final run merges. Same bytes as one process."""
+    """Three array tasks (2 steps each) split the Pile recipe's units; ensure_dataset merges. Same bytes as one process."""
     docs = demo_documents()[:300]
     for i, f in enumerate(CORPORA['pile'].files): _zst(tmp_path / 'srv' / f, docs[i * 10:(i + 1) * 10])
     out = tmp_path / 'data'; _link_cache(cache, out)
@@ -142,7 +142,7 @@ def test_slurm_array_worker_processes(tmp_path, cache):
     done = sorted(k for k in m if k.startswith('tokenize-demo/'))
     assert len(done) == 30
     assert len(outs[0][0].decode().split()) == 5      # worker 0 of 6 did units 0, 6, 12, 18, 24
-    prefix, = prepare('pile', 'demo', str(out), progress=False, task=0, num_tasks=1)
+    prefix = ensure_dataset(DataConfig(corpus='pile', tokenizer='demo'), str(out))   # merges the array's 30 shards
     flat, _ = encode_documents(get_tokenizer('demo', out), docs)
     assert np.array_equal(np.asarray(IndexedDataset(prefix).bin), flat)
 
