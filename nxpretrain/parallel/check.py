@@ -77,6 +77,7 @@ def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed:
                 if name.endswith(NOISE_ONLY): continue
                 if id(q) in kv: g = unreplicate_kv(g, *kv[id(q)])
                 out['grad_err'] = max(out['grad_err'], _rel(g, ref.get_parameter(name).grad / scale))
+                out.setdefault('grad_errs', {})[name] = _rel(g, ref.get_parameter(name).grad / scale)
         out['norm'].append(pm.clip_grad_norm_(o.clip_grad))
         opt.step()
         out['time'] += time.perf_counter() - t0

@@ -255,6 +255,8 @@ def _tied_param(self: ParallelModel):
 
 @torch.no_grad()
 def _reduce_grads(self: ParallelModel):
+    for p in self.parameters():   # replicated DTensor weights (SP norms) may hold a pending (Partial) sum: settle it
+        if isinstance(p.grad, DTensor) and p.grad.placements != p.placements: p.grad = p.grad.redistribute(p.device_mesh, p.placements)
     if not self.fsdp and self.dp_cp_group is not None: all_reduce_grads(list(self.parameters()), self.dp_cp_group)
     if _tied_pp(self):
         p = _tied_param(self)
@@ -324,11 +326,14 @@ ParallelModel.train_step = _train_step
 
 # %% ../../nbs/api/34_engine.ipynb #4606993a
 def _fsdp(part: nn.Module, mesh, precision: str):
-    from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+    from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy, FSDPModule
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == 'bf16' else MixedPrecisionPolicy()
     for block in part.layers.values(): fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(part, mesh=mesh, mp_policy=mp)
-    part.set_gradient_divide_factor(1.0)   # our losses are already divided by the global token count: reduce by sum
+    for m in part.modules():
+        if isinstance(m, FSDPModule):      # per module: the settings are not recursive
+            m.set_gradient_divide_factor(1.0)   # our losses are already divided by the global token count: reduce by sum
+            m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
     return part
 
 def parallelize(model: nn.Module, recipe: Recipe, state: ParallelState | None = None) -> ParallelModel:
