@@ -272,7 +272,7 @@ def _replicas(self: ParallelModel, p) -> float:
     dims = {'dp': self.state.dp, 'cp': self.state.cp, 'tp': self.state.tp}
     if isinstance(p, DTensor):
         for name, pl in zip(p.device_mesh.mesh_dim_names, p.placements):
-            if pl.is_shard():
+            if not pl.is_replicate():   # Shard, and FSDP's _StridedShard on top of TP
                 for d in name.split('_'): dims.pop(d, None)
     return math.prod(dims.values())
 
