@@ -186,6 +186,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                            'nxpretrain/parallel/spawn.py'),
                                            'nxpretrain.parallel.spawn._context': ( 'api/spawn.html#_context',
                                                                                    'nxpretrain/parallel/spawn.py'),
+                                           'nxpretrain.parallel.spawn._diagnose': ( 'api/spawn.html#_diagnose',
+                                                                                    'nxpretrain/parallel/spawn.py'),
                                            'nxpretrain.parallel.spawn._worker': ('api/spawn.html#_worker', 'nxpretrain/parallel/spawn.py'),
                                            'nxpretrain.parallel.spawn.fail_on_rank': ( 'api/spawn.html#fail_on_rank',
                                                                                        'nxpretrain/parallel/spawn.py'),

@@ -87,6 +87,7 @@ def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed:
         if id(q) in kv: w = unreplicate_kv(w, *kv[id(q)])
         out['param_err'] = max(out['param_err'], _rel(w, ref.get_parameter(name).detach()))
         out.setdefault('param_errs', {})[name] = _rel(w, ref.get_parameter(name).detach())
+    out['param_dtype'] = str(next(pm.parameters()).dtype)
     out['loss_err'] = max(abs(a - b) / abs(b) for a, b in zip(out['loss'], out['ref_loss']))
     out['norm_err'] = max(abs(a - b) / abs(b) for a, b in zip(out['norm'], out['ref_norm']))
     destroy_model_parallel()
