@@ -67,7 +67,7 @@ def run_distributed(fn, world: int, *args, timeout: float = 60, threads: int = 1
     procs = [ctx.Process(target=_worker, args=(fn, r, world, port, threads, timeout, env, results, args, kwargs), daemon=True)
              for r in range(world)]
     for p in procs: p.start()
-    out, failures, deadline, failed_at, msg = {}, {}, time.monotonic() + timeout + 10, None, None
+    out, failures, deadline, failed_at, msg = {}, {}, time.monotonic() + timeout + 5, None, None
     try:
         while len(out) + len(failures) < world:
             now = time.monotonic()
