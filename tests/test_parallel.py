@@ -29,6 +29,11 @@ def test_layout_equals_single_process(arch, name, world, overrides):
     assert len(res) == world and all(len(r['loss']) == 2 for r in res)
     assert_equal_to_reference(res)
 
+@pytest.mark.parametrize('name,world,overrides', [('tp2', 2, ('parallel.tp=2',)), ('fsdp_dp2', 2, ('parallel.fsdp=true',))], ids=['tp2', 'fsdp_dp2'])
+def test_bert_layout_equals_single_process(name, world, overrides):
+    "BERT (MLM + NSP, padding mask, segment types): TP without SP, and data parallel; PP and CP do not apply to it here."
+    assert_equal_to_reference(run('bert', world, overrides))
+
 def test_gqa_tp_beyond_kv_heads_with_kv_replication():
     "Llama with 2 kv heads on TP 4: K/V heads replicated twice (NxD kv_size_multiplier), replica grads summed."
     assert_equal_to_reference(run('llama', 4, ('parallel.tp=4', 'parallel.kv_replicator=2', SP)))
@@ -60,3 +65,13 @@ def test_negative_control_missing_gradient_reduction_is_caught():
 def test_tp2_pp2_dp2_eight_ranks(arch):
     "All three at once, oversubscribed 8 processes on the CI machine."
     assert_equal_to_reference(run(arch, 8, ('parallel.tp=2', 'parallel.pp=2', 'parallel.zero1=true', SP)))
+
+@SLOW
+@pytest.mark.parametrize('arch,world,overrides', [
+    ('llama', 4, ('parallel.pp=2', 'parallel.cp=2')),
+    ('gpt', 4, ('parallel.cp=2', 'parallel.fsdp=true')),
+    ('bert', 4, ('parallel.tp=2', 'parallel.zero1=true')),
+    ('gpt', 4, ('parallel.pp=2', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved', 'parallel.tp=2', SP)),
+], ids=['llama_pp2_cp2', 'gpt_cp2_fsdp_dp2', 'bert_tp2_zero1_dp2', 'gpt_interleaved_tp2'])
+def test_more_layouts(arch, world, overrides):
+    assert_equal_to_reference(run(arch, world, overrides))
