@@ -45,14 +45,19 @@ def main():
     ap.add_argument('--batch', type=int, default=8); ap.add_argument('--micro', type=int, default=4)
     ap.add_argument('--steps', type=int, default=4); ap.add_argument('--precision', default='fp32', choices=['fp32', 'bf16'])
     ap.add_argument('--layouts', nargs='+', default=['dp2', 'tp2'], choices=list(LAYOUTS))
+    ap.add_argument('--rounds', type=int, default=2, help='alternate baseline and layouts this many times; keep the best of each')
     args = ap.parse_args()
-    base = run_distributed(train, 1, args, (), threads=2, timeout=600)[0]
-    print(f"GPT {base['params'] / 1e6:.1f}M params, batch {args.batch}×{args.seq}, {args.precision}")
+    best = {}
+    for _ in range(args.rounds):   # alternating rounds: a noisy neighbour hurts both sides alike; best-of-N drops the outliers
+        for name in ['base', *args.layouts]:
+            res = run_distributed(train, 1 if name == 'base' else 2, args, LAYOUTS.get(name, ()), threads=2 if name == 'base' else 1, timeout=600)[0]
+            if res['tokens_per_s'] > best.get(name, {}).get('tokens_per_s', 0): best[name] = res
+    base = best['base']
+    print(f"GPT {base['params'] / 1e6:.1f}M params, batch {args.batch}×{args.seq}, {args.precision}, best of {args.rounds} rounds")
     print(f"{'layout':<10}{'processes×threads':>18}{'tokens/s':>11}{'ratio':>8}{'target':>8}")
     print(f"{'1 process':<10}{'1×2':>18}{base['tokens_per_s']:>11.0f}{1.0:>8.2f}{'':>8}")
     for name in args.layouts:
-        res = run_distributed(train, 2, args, LAYOUTS[name], threads=1, timeout=600)[0]
-        ratio = res['tokens_per_s'] / base['tokens_per_s']
-        print(f"{name:<10}{'2×1':>18}{res['tokens_per_s']:>11.0f}{ratio:>8.2f}{TARGETS[name]:>8.2f}  {'ok' if ratio >= TARGETS[name] else 'below target'}")
+        ratio = best[name]['tokens_per_s'] / base['tokens_per_s']
+        print(f"{name:<10}{'2×1':>18}{best[name]['tokens_per_s']:>11.0f}{ratio:>8.2f}{TARGETS[name]:>8.2f}  {'ok' if ratio >= TARGETS[name] else 'below target'}")
 
 if __name__ == '__main__': main()
