@@ -39,11 +39,11 @@ def test_gqa_tp_beyond_kv_heads_with_kv_replication():
     assert_equal_to_reference(run('llama', 4, ('parallel.tp=4', 'parallel.kv_replicator=2', SP)))
 
 def test_interleaved_pipeline():
-    assert_equal_to_reference(run('gpt', 2, ('parallel.pp=2', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved')))
+    assert_equal_to_reference(run('gpt', 2, ('model.n_layers=4', 'parallel.pp=2', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved')))
 
 def test_manual_pipeline_cuts():
     "Uneven stages, as the trn2 Llama-3 70B recipe's pp_cuts [18, 39, 60]: here layer 0 | layers 1-3."
-    assert_equal_to_reference(run('llama', 2, ('parallel.pp=2', 'parallel.pp_cuts=[1]')))
+    assert_equal_to_reference(run('llama', 2, ('model.n_layers=4', 'parallel.pp=2', 'parallel.pp_cuts=[1]')))
 
 @pytest.mark.parametrize('ac', [('parallel.activation_checkpointing=full',),
                                 ('parallel.activation_checkpointing=selective', 'parallel.checkpoint_modules=[attention,mlp]')], ids=['full', 'selective'])
@@ -71,7 +71,8 @@ def test_tp2_pp2_dp2_eight_ranks(arch):
     ('llama', 4, ('parallel.pp=2', 'parallel.cp=2')),
     ('gpt', 4, ('parallel.cp=2', 'parallel.fsdp=true')),
     ('bert', 4, ('parallel.tp=2', 'parallel.zero1=true')),
-    ('gpt', 4, ('parallel.pp=2', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved', 'parallel.tp=2', SP)),
-], ids=['llama_pp2_cp2', 'gpt_cp2_fsdp_dp2', 'bert_tp2_zero1_dp2', 'gpt_interleaved_tp2'])
+    ('gpt', 4, ('model.n_layers=4', 'parallel.pp=2', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved', 'parallel.tp=2', SP)),
+    ('gpt', 4, ('model.n_layers=4', 'parallel.pp=4')),
+], ids=['llama_pp2_cp2', 'gpt_cp2_fsdp_dp2', 'bert_tp2_zero1_dp2', 'gpt_interleaved_tp2', 'gpt_pp4_tied_middle_stages'])
 def test_more_layouts(arch, world, overrides):
     assert_equal_to_reference(run(arch, world, overrides))

@@ -19,7 +19,7 @@ TINY = {'gpt': 'gpt3_tiny', 'llama': 'llama3_tiny', 'bert': 'bert_tiny'}
 
 def tiny_recipe(arch: str = 'gpt', *overrides: str) -> Recipe:
     "A catalog tiny recipe shrunk for equality tests (fp32, no dropout, strong clipping so the clip path is exercised)."
-    small = ['model.n_layers=4', 'model.hidden=32', 'model.n_heads=4', 'model.vocab_size=96', 'model.seq_len=16',
+    small = ['model.n_layers=2', 'model.hidden=32', 'model.n_heads=4', 'model.vocab_size=96', 'model.seq_len=16',
              'model.dropout=0.0', 'data.micro_batch=2', 'data.global_batch=8', 'parallel.precision=fp32',
              'optim.lr=0.01', 'optim.warmup_steps=0', 'optim.clip_grad=0.5', 'optim.weight_decay=0.1', 'trainer.max_steps=3']
     if arch == 'llama': small += ['model.ffn_hidden=64', 'model.n_kv_heads=2']
