@@ -150,7 +150,8 @@ IGNORE_INDEX = -100
 def token_loss_sum(logits, labels, ignore_index: int = IGNORE_INDEX):
     """Sum of the cross-entropy over non-ignored tokens. With vocabulary-sharded DTensor logits it is the vocab-parallel
     cross-entropy; forward *and* backward must then run inside `loss_parallel()` (`ParallelModel.forward_backward` does)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index, reduction='sum')
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index, reduction='sum')
+    return loss.to_local() if isinstance(loss, DTensor) else loss   # a replicated scalar: plain from here on (adds to BERT's NSP loss)
 
 def dp_shard(batch: torch.Tensor, state: ParallelState | None = None) -> torch.Tensor:
     "This DP rank's rows of a global batch (B, …)."
@@ -209,14 +210,21 @@ def _global_count(pm: ParallelModel, labels: torch.Tensor) -> float:
     return max(n.item(), 1.0)
 
 def _loss_fn(pm: ParallelModel):
-    def fn(logits, labels): return token_loss_sum(logits, labels, pm.ignore_index) / pm._count
+    "Loss of one micro-batch, normalised by the global counts: LM cross-entropy; for BERT's (MLM, NSP) outputs MLM + NSP."
+    def fn(out, labels, nsp_labels=None):
+        if isinstance(out, tuple):
+            mlm, nsp = out
+            return token_loss_sum(mlm, labels, pm.ignore_index) / pm._count + F.cross_entropy(nsp.float(), nsp_labels, reduction='sum') / pm._n_seqs
+        return token_loss_sum(out, labels, pm.ignore_index) / pm._count
     return fn
 
-def _forward_backward(self: ParallelModel, tokens: torch.Tensor, labels: torch.Tensor) -> float:
-    "Forward and backward over this DP rank's batch (B_dp, S); gradients end up reduced; returns the global mean loss."
+def _forward_backward(self: ParallelModel, tokens: torch.Tensor, labels: torch.Tensor, nsp_labels=None, **inputs) -> float:
+    """Forward and backward over this DP rank's batch (B_dp, S); gradients end up reduced; returns the global mean loss.
+    BERT also takes `nsp_labels` (B_dp,) and model inputs such as `token_types` and `attention_mask` (B_dp, S)."""
     st, mb = self.state, self.recipe.data.micro_batch
     if tokens.shape[0] % mb: raise ValueError(f"batch of {tokens.shape[0]} sequences is not a multiple of data.micro_batch={mb}")
-    self._count = _global_count(self, labels)
+    if (nsp_labels is not None or inputs) and self.schedule is not None: raise ValueError("extra model inputs (BERT) need pp=1")
+    self._count, self._n_seqs = _global_count(self, labels), tokens.shape[0] * st.dp
     cp_rank = st.rank('cp')
     tokens, labels = cp_shard(tokens, st.cp, cp_rank), cp_shard(labels, st.cp, cp_rank)
     total = torch.zeros((), dtype=torch.float64)
@@ -229,7 +237,9 @@ def _forward_backward(self: ParallelModel, tokens: torch.Tensor, labels: torch.T
             model, n_mb = self.parts[0], tokens.shape[0] // mb
             for i, (t, l) in enumerate(zip(tokens.split(mb), labels.split(mb))):
                 if self.fsdp: model.set_requires_gradient_sync(i == n_mb - 1)
-                loss = _loss_fn(self)(model(t), l)
+                sl = slice(i * mb, (i + 1) * mb)
+                out = model(t, **{k: v[sl] for k, v in inputs.items()})
+                loss = _loss_fn(self)(out, l, None if nsp_labels is None else nsp_labels[sl])
                 loss.backward()
                 total += _local_value(loss)
     self.reduce_grads()
@@ -255,6 +265,8 @@ def _tied_param(self: ParallelModel):
 
 @torch.no_grad()
 def _reduce_grads(self: ParallelModel):
+    for p in self.parameters():   # replicated DTensor weights (SP norms) may hold a pending (Partial) sum: settle it
+        if isinstance(p.grad, DTensor) and p.grad.placements != p.placements: p.grad = p.grad.redistribute(p.device_mesh, p.placements)
     if not self.fsdp and self.dp_cp_group is not None: all_reduce_grads(list(self.parameters()), self.dp_cp_group)
     if _tied_pp(self):
         p = _tied_param(self)
@@ -270,7 +282,7 @@ def _replicas(self: ParallelModel, p) -> float:
     dims = {'dp': self.state.dp, 'cp': self.state.cp, 'tp': self.state.tp}
     if isinstance(p, DTensor):
         for name, pl in zip(p.device_mesh.mesh_dim_names, p.placements):
-            if pl.is_shard():
+            if not pl.is_replicate():   # Shard, and FSDP's _StridedShard on top of TP
                 for d in name.split('_'): dims.pop(d, None)
     return math.prod(dims.values())
 
@@ -312,10 +324,10 @@ def _build_optimizer(self: ParallelModel, optim=None) -> torch.optim.Optimizer:
 
 ParallelModel.build_optimizer = _build_optimizer
 
-def _train_step(self: ParallelModel, tokens, labels, optimizer, max_norm: float | None = None) -> dict:
+def _train_step(self: ParallelModel, tokens, labels, optimizer, max_norm: float | None = None, **inputs) -> dict:
     "One optimizer step on this DP rank's batch: forward/backward, gradient reduction, clipping, update."
     optimizer.zero_grad(set_to_none=True)
-    loss = self.forward_backward(tokens, labels)
+    loss = self.forward_backward(tokens, labels, **inputs)
     norm = self.clip_grad_norm_(self.recipe.optim.clip_grad if max_norm is None else max_norm)
     optimizer.step()
     return {'loss': loss, 'grad_norm': norm}
@@ -324,11 +336,14 @@ ParallelModel.train_step = _train_step
 
 # %% ../../nbs/api/34_engine.ipynb #4606993a
 def _fsdp(part: nn.Module, mesh, precision: str):
-    from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+    from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy, FSDPModule
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == 'bf16' else MixedPrecisionPolicy()
     for block in part.layers.values(): fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(part, mesh=mesh, mp_policy=mp)
-    part.set_gradient_divide_factor(1.0)   # our losses are already divided by the global token count: reduce by sum
+    for m in part.modules():
+        if isinstance(m, FSDPModule):      # per module: the settings are not recursive
+            m.set_gradient_divide_factor(1.0)   # our losses are already divided by the global token count: reduce by sum
+            m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
     return part
 
 def parallelize(model: nn.Module, recipe: Recipe, state: ParallelState | None = None) -> ParallelModel:
@@ -338,6 +353,7 @@ def parallelize(model: nn.Module, recipe: Recipe, state: ParallelState | None = 
     validate(recipe, state.world)
     if (p.pp, p.tp, p.cp) != (state.pp, state.tp, state.cp):
         raise RecipeError(f"recipe layout tp={p.tp} pp={p.pp} cp={p.cp} differs from the mesh tp={state.tp} pp={state.pp} cp={state.cp}: initialise the mesh from this recipe")
+    if p.sequence_parallel and cfg.arch == 'bert': raise RecipeError("parallel.sequence_parallel=true with model.arch=bert: BERT runs TP without SP here; set it false")
     if p.cp > 1 and cfg.arch == 'bert': raise RecipeError("parallel.cp>1 with model.arch=bert: context parallel is for causal decoders; use cp=1")
     if p.pp_cuts and p.virtual_pp > 1: raise RecipeError("parallel.pp_cuts with parallel.virtual_pp>1: manual cuts name pp stages; drop one of them")
     if p.pp > 1 and cfg.arch == 'bert': raise RecipeError("parallel.pp>1 with model.arch=bert: BERT runs with DP/TP only here; use pp=1")

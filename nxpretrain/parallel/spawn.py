@@ -45,34 +45,51 @@ def _worker(fn, rank, world, port, threads, timeout, env, results, args, kwargs)
         except Exception: pass
 
 # %% ../../nbs/api/31_spawn.ipynb #bda42773
+_SECONDARY = ('Connection reset', 'Connection closed', 'Timed out', 'timed out', 'Broken pipe', 'Socket closed')
+
+def _diagnose(failures: dict, procs, out) -> str:
+    "The root cause first: a rank that died, then an error that is not just a peer noticing the failure."
+    dead = {r: f"rank {r} died with exit code {p.exitcode} before reporting (killed, out of memory, os._exit? or the function "
+               f"is not importable: define it in a module, not in a notebook or an interactive __main__)"
+            for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in out and r not in failures}
+    msgs = {**dead, **failures}
+    order = sorted(msgs, key=lambda r: (r not in dead, any(s in msgs[r].split('\n')[0] for s in _SECONDARY), r))
+    first, rest = msgs[order[0]], [msgs[r].split('\n')[0] for r in order[1:]]
+    return first + (('\nother ranks: ' + '; '.join(rest)) if rest else '')
+
 def run_distributed(fn, world: int, *args, timeout: float = 60, threads: int = 1, env: dict | None = None, **kwargs) -> list:
     """Run `fn(*args, **kwargs)` on `world` gloo processes (ranks 0..world-1, `threads` CPU threads each) and return the
-    results in rank order. Raise `DistributedError` with the first failing rank's traceback as soon as one fails;
-    `timeout` bounds both the process group's collectives and the whole run."""
+    results in rank order. Raise `DistributedError` with the failing rank's traceback as soon as one fails (a rank that dies
+    or raises is named before the peers that merely lost their connection to it); `timeout` bounds both the process
+    group's collectives and the whole run."""
     ctx, port = _context(), free_port()
     results = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(fn, r, world, port, threads, timeout, env, results, args, kwargs), daemon=True)
              for r in range(world)]
     for p in procs: p.start()
-    out, deadline, failure = {}, time.monotonic() + timeout + 10, None
+    out, failures, deadline, failed_at, msg = {}, {}, time.monotonic() + timeout + 5, None, None
     try:
-        while len(out) < world and failure is None:
-            try: rank, ok, value = results.get(timeout=0.2)
+        while len(out) + len(failures) < world:
+            now = time.monotonic()
+            if failed_at is not None and now - failed_at > 1.0: break          # give peers a moment to report the cause
+            try: rank, ok, value = results.get(timeout=0.1)
             except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in out]
-                if dead: failure = (f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} before reporting (killed or out of memory? "
-                                       f"or `{getattr(fn, '__qualname__', fn)}` is not importable: define it in a module, not in a notebook or __main__ of an interactive session)")
-                elif time.monotonic() > deadline: failure = f"timed out after {timeout:.0f}s; ranks without a result: {sorted(set(range(world)) - set(out))}"
+                if any(p.exitcode not in (None, 0) for r, p in enumerate(procs) if r not in out and r not in failures):
+                    failed_at = failed_at or now
+                elif now > deadline and failed_at is None:
+                    msg = f"timed out after {timeout:.0f}s; ranks without a result: {sorted(set(range(world)) - set(out) - set(failures))}"
+                    break
                 continue
             if ok: out[rank] = value
-            else: failure = value
+            else: failures[rank] = value; failed_at = failed_at or now
+        if msg is None and (failures or len(out) < world): msg = _diagnose(failures, procs, out)
     finally:
         for p in procs:
-            if failure is not None and p.is_alive(): p.kill()
+            if msg is not None and p.is_alive(): p.kill()
             p.join(timeout=5)
             if p.is_alive(): p.kill(); p.join()
         results.close()
-    if failure is not None: raise DistributedError(failure)
+    if msg is not None: raise DistributedError(msg)
     return [out[r] for r in range(world)]
 
 # %% ../../nbs/api/31_spawn.ipynb #6ee51711

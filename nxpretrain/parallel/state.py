@@ -80,11 +80,11 @@ class ParallelState:
     pp: int; dp: int; cp: int; tp: int
 
     def sub(self, *dims) -> DeviceMesh:
-        "The sub-mesh over `dims` (e.g. `'dp', 'cp'` flattened into one dimension)."
+        "The sub-mesh over `dims`; several dims are flattened into one (e.g. `'dp', 'cp'` → `dp_cp`, FSDP's and ZeRO's group)."
         if len(dims) == 1: return self.mesh[dims[0]]
-        name = '_'.join(dims)
-        try: return self.mesh[name]
-        except (KeyError, RuntimeError, ValueError): return self.mesh[dims]._flatten(name)
+        name, flat = '_'.join(dims), self.__dict__.setdefault('_flat', {})
+        if name not in flat: flat[name] = self.mesh[dims]._flatten(name)
+        return flat[name]
     def group(self, dim) -> dist.ProcessGroup: return self.sub(*dim.split('_')).get_group() if '_' in dim else self.mesh[dim].get_group()
     def size(self, dim) -> int: return {'pp': self.pp, 'dp': self.dp, 'cp': self.cp, 'tp': self.tp, 'dp_cp': self.dp * self.cp}[dim]
     def rank(self, dim) -> int: return self.sub(*dim.split('_')).get_local_rank() if '_' in dim else self.mesh[dim].get_local_rank()
