@@ -268,7 +268,8 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
     import torch, torch.distributed as dist
     from nxpretrain.train.optim import lr_at, param_norm
     from nxpretrain.train.checkpoint import rank, world
-    from nxpretrain.train.metrics import Progress, Scalars, model_flops_per_token, matmul_peak_flops
+    from nxpretrain.train.metrics import Progress, Scalars
+    from nxpretrain.perf import mfu as model_flops_utilisation, peak_tflops
     t_entry, tr, d = time.perf_counter(), recipe.trainer, recipe.data
     max_steps = max_steps or tr.max_steps
     if tr.threads > 0: torch.set_num_threads(tr.threads)
@@ -323,7 +324,7 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
                 res.stopped, res.exit_code = 'nonfinite', EXIT_NONFINITE; break
             if step % tr.log_every == 0 or step == max_steps:
                 tps = win_steps * tokens_per_step / win_time
-                mfu = model_flops_per_token(recipe.model) * tps / (matmul_peak_flops(autocast or torch.float32) * n_world)
+                mfu = model_flops_utilisation(tps / n_world, recipe.model, peak_tflops('bf16' if autocast else 'fp32', device.type), padded_vocab(recipe.model, recipe.parallel.tp))
                 pn = param_norm(list(model.parameters()), grad_groups).item()
                 log(f"step {step}/{max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {gnorm.item():.3f} | parameter_norm {pn:.2f} | tokens/s {tps:.0f} | mfu {mfu:.3f} | consumed_samples {consumed}")
                 scalars.write(step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps, mfu=mfu, consumed_samples=consumed, skipped_steps=skipped)
