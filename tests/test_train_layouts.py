@@ -71,3 +71,11 @@ def test_zero1_resume_exact_and_onto_one_process(tmp_path, single):
     assert half.losses + rest.losses == full.losses  # optimizer state sharded over DP: saved and restored bit for bit
     one = train(R, str(tmp_path / 'one'), STEPS, resume_from=half.last_checkpoint, progress=False)
     close(one.losses, full.losses[HALF:])
+
+
+def test_async_save_dp2_resumes_exactly(tmp_path):
+    "Async saves on 2 ranks (background copy and write on their own gloo group): the resumed run equals the uninterrupted one."
+    full = dist_train(layout(dp=2), tmp_path / 'full', STEPS, async_save=True)
+    half = dist_train(layout(dp=2), tmp_path / 'cut', HALF, async_save=True)
+    rest = dist_train(layout(dp=2), tmp_path / 'cut', STEPS, async_save=True)
+    assert rest.start_step == HALF and half.losses + rest.losses == full.losses
