@@ -1,0 +1,63 @@
+"""Data- and tensor-parallel training throughput on one machine, side by side in one run.
+
+DP2 and TP2 run as 2 processes × 1 thread (gloo); the baseline is 1 process × 2 threads on the same global batch,
+the same model and precision. Prints tokens/s and the ratios against the targets (DP2 ≥ 0.85, TP2 ≥ 0.70).
+
+    python bench/bench_parallel.py                      # small GPT, fp32
+    python bench/bench_parallel.py --precision bf16 --steps 6 --layouts dp2 tp2 fsdp2
+"""
+import argparse, time, torch, torch.distributed as dist
+from nxpretrain.parallel.spawn import run_distributed
+
+LAYOUTS = {'dp2': ('parallel.dp=-1',), 'zero1': ('parallel.zero1=true',), 'fsdp2': ('parallel.fsdp=true',),
+           'tp2': ('parallel.tp=2',), 'tp2sp': ('parallel.tp=2', 'parallel.sequence_parallel=true')}
+TARGETS = {'dp2': 0.85, 'zero1': 0.85, 'fsdp2': 0.85, 'tp2': 0.70, 'tp2sp': 0.70}
+
+def recipe(args, layout=()):
+    from nxpretrain.recipes import get_recipe
+    return get_recipe('gpt3_tiny', f'model.n_layers={args.layers}', f'model.hidden={args.hidden}', f'model.n_heads={args.heads}',
+                      f'model.seq_len={args.seq}', f'data.micro_batch={args.micro}', f'data.global_batch={args.batch}',
+                      f'parallel.precision={args.precision}', 'optim.warmup_steps=0', *layout)
+
+def train(args, layout):
+    "Runs on every rank: `args.steps` timed optimizer steps after 2 warm-up steps; returns tokens/s (global)."
+    from nxpretrain.models import build_model, count_parameters
+    from nxpretrain.parallel.state import initialize_model_parallel
+    from nxpretrain.parallel.engine import parallelize, dp_shard
+    r = recipe(args, layout)
+    st = initialize_model_parallel(r.parallel.tp, r.parallel.pp, r.parallel.cp, 'cpu')
+    torch.manual_seed(0)
+    model = build_model(r.model); n_params = count_parameters(model)
+    pm = parallelize(model, r, st); opt = pm.build_optimizer()
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, r.model.vocab_size, (r.data.global_batch, r.model.seq_len + 1), generator=g)
+    x, y = dp_shard(tokens[:, :-1], st), dp_shard(tokens[:, 1:], st)
+    for i in range(2 + args.steps):
+        if i == 2: dist.barrier(); t0 = time.perf_counter()
+        pm.train_step(x, y, opt)
+    dist.barrier(); dt = time.perf_counter() - t0
+    return dict(tokens_per_s=args.steps * r.data.global_batch * r.model.seq_len / dt, params=n_params, threads=torch.get_num_threads())
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--layers', type=int, default=4); ap.add_argument('--hidden', type=int, default=256)
+    ap.add_argument('--heads', type=int, default=4); ap.add_argument('--seq', type=int, default=256)
+    ap.add_argument('--batch', type=int, default=8); ap.add_argument('--micro', type=int, default=4)
+    ap.add_argument('--steps', type=int, default=4); ap.add_argument('--precision', default='fp32', choices=['fp32', 'bf16'])
+    ap.add_argument('--layouts', nargs='+', default=['dp2', 'tp2'], choices=list(LAYOUTS))
+    ap.add_argument('--rounds', type=int, default=2, help='alternate baseline and layouts this many times; keep the best of each')
+    args = ap.parse_args()
+    best = {}
+    for _ in range(args.rounds):   # alternating rounds: a noisy neighbour hurts both sides alike; best-of-N drops the outliers
+        for name in ['base', *args.layouts]:
+            res = run_distributed(train, 1 if name == 'base' else 2, args, LAYOUTS.get(name, ()), threads=2 if name == 'base' else 1, timeout=600)[0]
+            if res['tokens_per_s'] > best.get(name, {}).get('tokens_per_s', 0): best[name] = res
+    base = best['base']
+    print(f"GPT {base['params'] / 1e6:.1f}M params, batch {args.batch}×{args.seq}, {args.precision}, best of {args.rounds} rounds")
+    print(f"{'layout':<10}{'processes×threads':>18}{'tokens/s':>11}{'ratio':>8}{'target':>8}")
+    print(f"{'1 process':<10}{'1×2':>18}{base['tokens_per_s']:>11.0f}{1.0:>8.2f}{'':>8}")
+    for name in args.layouts:
+        ratio = best[name]['tokens_per_s'] / base['tokens_per_s']
+        print(f"{name:<10}{'2×1':>18}{best[name]['tokens_per_s']:>11.0f}{ratio:>8.2f}{TARGETS[name]:>8.2f}  {'ok' if ratio >= TARGETS[name] else 'below target'}")
+
+if __name__ == '__main__': main()
