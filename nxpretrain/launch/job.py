@@ -101,11 +101,12 @@ def _env_lines(env: dict) -> list[str]:
 # %% ../../nbs/api/50_job.ipynb #595e5404
 _RUN_STEP = r'''
 # Run the step in the background so this shell can take the preemption notice (USR1) while it runs.
-srun --kill-on-bad-exit=1 {srun_opts}\
+# torchrun ignores USR1 (trap ''), the ranks catch it: they checkpoint and exit however long that takes.
+srun {srun_opts}bash -c 'trap "" USR1; exec "$0" "$@"' \
     {step} &
 step=$!
 preempted=0
-trap 'preempted=1; echo "nxpretrain: USR1 received: asking the step to checkpoint and stop"; kill -TERM "$step"' USR1
+trap 'preempted=1; echo "nxpretrain: USR1 received: the ranks checkpoint and stop"; scancel --signal=USR1 "$SLURM_JOB_ID"' USR1
 wait "$step"; rc=$?
 while kill -0 "$step" 2>/dev/null; do wait "$step"; rc=$?; done
 echo "nxpretrain: step finished with status $rc"
