@@ -120,7 +120,7 @@ exit "$rc"
 
 # %% ../../nbs/api/50_job.ipynb #ff004255
 def make_job(recipe: Recipe | str, cluster=None, out_dir='runs/job', overrides=(), entry: str = 'nxpretrain.train.entry',
-             kind: str = 'train', signal_grace: int = 180, write: bool = True) -> Job:
+             kind: str = 'train', signal_grace: int = 180, env: dict | None = None, write: bool = True) -> Job:
     "A training job for `recipe` on `cluster` (profile name, ClusterConfig, ClusterProfile, or the recipe's own)."
     overrides = [o for o in ([overrides] if isinstance(overrides, str) else overrides) if o]
     base = get_recipe(recipe) if isinstance(recipe, str) else recipe
@@ -132,7 +132,7 @@ def make_job(recipe: Recipe | str, cluster=None, out_dir='runs/job', overrides=(
     recipe_path = out_dir / 'recipe.yaml'
     name = job_name(r.name, kind)
     log = str(out_dir / 'logs' / '%x-%j.out')
-    env = {**prof.env, 'OMP_NUM_THREADS': str(r.trainer.threads or max(1, prof.cpus_per_node // dev))}
+    env = {**prof.env, 'OMP_NUM_THREADS': str(r.trainer.threads or max(1, prof.cpus_per_node // dev)), **(env or {})}
     args = _entry_argv(entry, recipe_path, overrides)
     rdzv = ['--nnodes', str(nodes), '--nproc-per-node', str(dev), '--rdzv-id', '$SLURM_JOB_ID', '--rdzv-backend', 'c10d',
             '--rdzv-endpoint', '$MASTER_ADDR:$MASTER_PORT']
