@@ -11,20 +11,9 @@ from ..recipes import Recipe, ClusterConfig, RecipeError, get_recipe, override, 
 from ..clusters import ClusterProfile, PROFILES, profile
 
 # %% auto #0
-__all__ = ['END_STATES', 'resolve_cluster', 'job_name', 'Job', 'make_job', 'write_job', 'make_array_job', 'SlurmError',
-           'have_slurm', 'submit', 'squeue_jobs', 'job_table', 'status', 'cancel', 'release', 'log_path', 'tail',
-           'wait', 'run_local']
-
-# %% ../../nbs/api/50_job.ipynb #a46024c1
-def resolve_cluster(recipe: Recipe, cluster=None) -> tuple[Recipe, ClusterProfile]:
-    "`recipe` with its `cluster` section set from `cluster`, and the profile it runs on."
-    r = dataclasses.replace(recipe, cluster=dataclasses.replace(recipe.cluster))
-    if isinstance(cluster, ClusterProfile): r.cluster.profile = cluster.name; return r, cluster
-    if isinstance(cluster, str): r.cluster.profile = cluster
-    elif isinstance(cluster, ClusterConfig): r.cluster = dataclasses.replace(cluster)
-    elif isinstance(cluster, dict): r.cluster = dataclasses.replace(r.cluster, **cluster)
-    elif cluster is not None: raise RecipeError(f"cluster={cluster!r}: give a profile name, a ClusterConfig or a ClusterProfile")
-    return r, profile(r.cluster.profile)
+__all__ = ['END_STATES', 'job_name', 'parse_cluster', 'resolve_cluster', 'Job', 'make_job', 'write_job', 'make_array_job',
+           'SlurmError', 'have_slurm', 'submit', 'squeue_jobs', 'job_table', 'status', 'cancel', 'release', 'log_path',
+           'tail', 'wait', 'run_local']
 
 # %% ../../nbs/api/50_job.ipynb #7a8a5c70
 _PLAIN = {'partition': r'[A-Za-z0-9_.,-]*', 'time': r'(UNLIMITED|[0-9]+(-[0-9]+)?(:[0-9]+){0,2})?', 'path': r'[A-Za-z0-9_./+@%=,-]+'}
@@ -37,6 +26,32 @@ def _plain(kind: str, value: str, where: str) -> str:
 def job_name(recipe_name: str, kind: str = 'train') -> str:
     "A Slurm job name made from the recipe name: letters, digits, `._-` only (the name ends up in file names)."
     return f"nxp-{kind}-" + (re.sub(r'[^A-Za-z0-9_.-]+', '_', recipe_name).strip('_.') or 'recipe')[:48]
+
+# %% ../../nbs/api/50_job.ipynb #c0bd8b13
+def parse_cluster(spec: str, recipe: Recipe) -> ClusterConfig:
+    "The `ClusterConfig` that cluster string `spec` (`[profile][:partition][@nodes]`, or `partition`) gives `recipe`."
+    c = dataclasses.replace(recipe.cluster)
+    spec, _, nodes = str(spec).strip().partition('@')
+    if nodes:
+        if not nodes.isdigit() or int(nodes) < 1: raise RecipeError(f"cluster={spec}@{nodes}: the node count after @ must be a positive integer")
+        c.nodes = int(nodes)
+    head, _, part = spec.partition(':')
+    if head in PROFILES: c.profile = head
+    elif head and head != 'slurm':
+        if part: raise RecipeError(f"cluster={spec!r}: {head!r} is not a profile; choose one of {', '.join(PROFILES)}")
+        part = head
+    if part: c.partition = _plain('partition', part, 'cluster partition')
+    return c
+
+def resolve_cluster(recipe: Recipe, cluster=None) -> tuple[Recipe, ClusterProfile]:
+    "`recipe` with its `cluster` section set from `cluster`, and the profile it runs on."
+    r = dataclasses.replace(recipe, cluster=dataclasses.replace(recipe.cluster))
+    if isinstance(cluster, ClusterProfile): r.cluster.profile = cluster.name; return r, cluster
+    if isinstance(cluster, str): r.cluster = parse_cluster(cluster, r)
+    elif isinstance(cluster, ClusterConfig): r.cluster = dataclasses.replace(cluster)
+    elif isinstance(cluster, dict): r.cluster = dataclasses.replace(r.cluster, **cluster)
+    elif cluster is not None: raise RecipeError(f"cluster={cluster!r}: give a profile name, a ClusterConfig or a ClusterProfile")
+    return r, profile(r.cluster.profile)
 
 # %% ../../nbs/api/50_job.ipynb #45b37edc
 @dataclass
