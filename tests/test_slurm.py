@@ -156,3 +156,4 @@ dist.destroy_process_group()
     log = Path(s['log']).read_text()
     assert s['state'] == 'COMPLETED', (s, log)
     assert 'rank 0/2 on node1 sum 3' in log and 'rank 1/2 on node2 sum 3' in log, log
+    assert '0: nxpretrain: node node1 task 0' in log and '1: nxpretrain: node node2 task 1' in log, log

@@ -11,9 +11,9 @@ from ..recipes import Recipe, ClusterConfig, RecipeError, get_recipe, override, 
 from ..clusters import ClusterProfile, PROFILES, profile
 
 # %% auto #0
-__all__ = ['END_STATES', 'job_name', 'parse_cluster', 'resolve_cluster', 'Job', 'make_job', 'write_job', 'make_array_job',
-           'SlurmError', 'have_slurm', 'submit', 'squeue_jobs', 'job_table', 'status', 'cancel', 'release', 'log_path',
-           'tail', 'wait', 'run_local']
+__all__ = ['REQUEUE_EXIT', 'MAX_RESTARTS', 'END_STATES', 'job_name', 'parse_cluster', 'resolve_cluster', 'Job', 'make_job',
+           'write_job', 'make_array_job', 'SlurmError', 'have_slurm', 'submit', 'squeue_jobs', 'job_table', 'status',
+           'cancel', 'release', 'log_path', 'tail', 'wait', 'run_local']
 
 # %% ../../nbs/api/50_job.ipynb #7a8a5c70
 _PLAIN = {'partition': r'[A-Za-z0-9_.,-]*', 'time': r'(UNLIMITED|[0-9]+(-[0-9]+)?(:[0-9]+){0,2})?', 'path': r'[A-Za-z0-9_./+@%=,-]+'}
@@ -114,10 +114,15 @@ def _env_lines(env: dict) -> list[str]:
     return [f"export {k}={shlex.quote(str(v))}" for k, v in env.items() if re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', k)]
 
 # %% ../../nbs/api/50_job.ipynb #595e5404
+REQUEUE_EXIT = 75       # the trainer's exit status after a stop signal and a saved checkpoint (EX_TEMPFAIL)
+MAX_RESTARTS = 100      # as neuronx-nemo-megatron's run.slurm
+
 _RUN_STEP = r'''
 # Run the step in the background so this shell can take the preemption notice (USR1) while it runs.
 # torchrun ignores USR1 (trap ''), the ranks catch it: they checkpoint and exit however long that takes.
-srun {srun_opts}bash -c 'trap "" USR1; exec "$0" "$@"' \
+# --label prefixes each line with the node's task number.
+started=$(date +%s)
+srun --label {srun_opts}bash -c 'echo "nxpretrain: node $(hostname) task $SLURM_PROCID"; trap "" USR1; exec "$0" "$@"' \
     {step} &
 step=$!
 preempted=0
@@ -125,7 +130,11 @@ trap 'preempted=1; echo "nxpretrain: USR1 received: the ranks checkpoint and sto
 wait "$step"; rc=$?
 while kill -0 "$step" 2>/dev/null; do wait "$step"; rc=$?; done
 echo "nxpretrain: step finished with status $rc"
-if [ "$preempted" = 1 ]; then
+# The trainer also stops with status {requeue} when Slurm signals the ranks directly; it says so in its status file.
+status_file={status_file}
+if [ "$rc" != 0 ] && [ -f "$status_file" ] && [ "$(stat -c %Y "$status_file")" -ge "$started" ] \
+    && grep -Eq '"code": *{requeue}([^0-9]|$)' "$status_file"; then preempted=1; fi
+if [ "$preempted" = 1 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ]; then
     echo "nxpretrain: requeueing job $SLURM_JOB_ID (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )))"
     scontrol requeue "$SLURM_JOB_ID"
     exit 0
@@ -168,7 +177,8 @@ def make_job(recipe: Recipe | str, cluster=None, out_dir='runs/job', overrides=(
              'MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))',
              'export MASTER_ADDR MASTER_PORT',
              'echo "nxpretrain: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST, rendezvous $MASTER_ADDR:$MASTER_PORT"',
-             _RUN_STEP.format(srun_opts=srun_opts, step=_wrap(command)).rstrip()]
+             _RUN_STEP.format(srun_opts=srun_opts, step=_wrap(command), requeue=REQUEUE_EXIT, max_restarts=MAX_RESTARTS,
+                               status_file=shlex.quote(str(out_dir / r.name / 'exit_status.json'))).rstrip()]
     job = Job(name, kind, '\n'.join(lines) + '\n', command, local_argv, out_dir, recipe_path, log, nodes, dev, prof.name, env)
     if write: write_job(job, r)
     return job
