@@ -70,6 +70,7 @@ class Job:
     env: dict = field(default_factory=dict)  # environment exported by the script (backend, threads)
     array: str = ''                # --array spec for data-prep jobs
     dependency: str = ''           # e.g. afterok:12
+    run_dir: Path | None = None    # where the trainer writes: checkpoints/, tb/ (TensorBoard), steps.jsonl, train.log
 
     @property
     def script_path(self) -> Path: return self.out_dir / f"{self.kind}.sbatch"
@@ -179,7 +180,8 @@ def make_job(recipe: Recipe | str, cluster=None, out_dir='runs/job', overrides=(
              'echo "nxpretrain: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST, rendezvous $MASTER_ADDR:$MASTER_PORT"',
              _RUN_STEP.format(srun_opts=srun_opts, step=_wrap(command), requeue=REQUEUE_EXIT, max_restarts=MAX_RESTARTS,
                                status_file=shlex.quote(str(out_dir / r.name / 'exit_status.json'))).rstrip()]
-    job = Job(name, kind, '\n'.join(lines) + '\n', command, local_argv, out_dir, recipe_path, log, nodes, dev, prof.name, env)
+    job = Job(name, kind, '\n'.join(lines) + '\n', command, local_argv, out_dir, recipe_path, log, nodes, dev, prof.name, env,
+              run_dir=out_dir / r.name)
     if write: write_job(job, r)
     return job
 
