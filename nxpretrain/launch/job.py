@@ -12,8 +12,8 @@ from ..clusters import ClusterProfile, PROFILES, profile
 
 # %% auto #0
 __all__ = ['REQUEUE_EXIT', 'MAX_RESTARTS', 'END_STATES', 'job_name', 'parse_cluster', 'resolve_cluster', 'Job', 'make_job',
-           'write_job', 'make_array_job', 'SlurmError', 'have_slurm', 'submit', 'squeue_jobs', 'job_table', 'status',
-           'cancel', 'release', 'log_path', 'tail', 'wait', 'run_local']
+           'write_job', 'make_array_job', 'data_prep_jobs', 'SlurmError', 'have_slurm', 'submit', 'submit_chain',
+           'squeue_jobs', 'job_table', 'status', 'cancel', 'release', 'log_path', 'tail', 'wait', 'run_local']
 
 # %% ../../nbs/api/50_job.ipynb #7a8a5c70
 _PLAIN = {'partition': r'[A-Za-z0-9_.,-]*', 'time': r'(UNLIMITED|[0-9]+(-[0-9]+)?(:[0-9]+){0,2})?', 'path': r'[A-Za-z0-9_./+@%=,-]+'}
@@ -214,6 +214,21 @@ def make_array_job(name: str, argv: list, out_dir, tasks: int, cluster=None, cpu
               1, prof.name, env, array=array)
     return write_job(job)
 
+# %% ../../nbs/api/50_job.ipynb #673c9ba5
+def data_prep_jobs(corpus: str, output, cluster=None, tokenizer: str | None = None, cpus_per_task: int | None = None) -> list[Job]:
+    "One Slurm array per preparation stage of `corpus` (a catalog corpus, `demo`, or a .jsonl file), written under `output`."
+    from nxpretrain.data.prepare import array_plan
+    out = Path(output).absolute()
+    plan = {'all': 1} if corpus == 'demo' or Path(corpus).is_file() else array_plan(corpus)
+    prof = cluster if isinstance(cluster, ClusterProfile) else profile(cluster.profile if isinstance(cluster, ClusterConfig) else (cluster or 'local'))
+    cpus = cpus_per_task or prof.cpus_per_node
+    jobs = []
+    for stage, units in plan.items():
+        argv = [sys.executable, '-m', 'nxpretrain.data.prepare', corpus, '--output', str(out), '--stages', stage,
+                '--workers', str(cpus), '--no-progress'] + (['--tokenizer', tokenizer] if tokenizer else [])
+        jobs.append(make_array_job(corpus, argv, out, units, cluster, cpus_per_task=cpus, kind=f"data-{stage}"))
+    return jobs
+
 # %% ../../nbs/api/50_job.ipynb #cc75150f
 class SlurmError(RuntimeError):
     "A Slurm command failed; the message carries its stderr."
@@ -251,6 +266,13 @@ def submit(job: Job, after=(), test_only: bool = False) -> str:
         f.parent.mkdir(parents=True, exist_ok=True)
         with open(f, 'a') as fh: fh.write(rec + '\n')
     return job_id
+
+# %% ../../nbs/api/50_job.ipynb #d34145d7
+def submit_chain(jobs, after=()) -> list[str]:
+    "Submit `jobs` in order, each waiting (afterok) for the one before; the first waits for `after`. Returns the ids."
+    ids = []
+    for j in jobs: ids.append(submit(j, after=[ids[-1]] if ids else after))
+    return ids
 
 # %% ../../nbs/api/50_job.ipynb #3c8ed3d8
 _COLS = ['job_id', 'name', 'state', 'reason', 'nodes', 'node_list', 'restarts', 'elapsed_s', 'time_limit', 'partition', 'log']
