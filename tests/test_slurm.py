@@ -53,7 +53,7 @@ import os, signal, sys, time, json, pathlib
 out = pathlib.Path(sys.argv[sys.argv.index('--recipe') + 1]).parent
 ckpt, stop = out / f"ckpt-rank{os.environ['RANK']}.json", []
 [signal.signal(s, lambda *a: stop.append(1)) for s in (signal.SIGTERM, signal.SIGUSR1)]
-step = json.loads(ckpt.read_text())['step'] if ckpt.exists() else 0
+step = json.loads(ckpt.read_text(errors='replace'))['step'] if ckpt.exists() else 0
 print(f"start rank {os.environ['RANK']} step {step} restart {os.environ.get('SLURM_RESTART_COUNT', '0')}", flush=True)
 while step < int(os.environ.get('FAKE_STEPS', '40')):
     time.sleep(float(os.environ.get('FAKE_STEP_S', '0.2'))); step += 1
@@ -83,7 +83,7 @@ def test_submit_status_tail_cancel(one_node, tmp_path):
     cancel(jid)
     s = wait(jid, timeout=60)
     assert s['state'] == 'CANCELLED', s
-    log = Path(s['log']).read_text()
+    log = Path(s['log']).read_text(errors='replace')
     assert f"nxpretrain: job {jid} restart 0" in log and 'requeueing' not in log
 
 
@@ -97,14 +97,14 @@ def test_quoting_adversarial(one_node, tmp_path):
     job = make_job('gpt3_tiny', 'ci', tmp_path / 'job', overrides=overrides, entry=_script(tmp_path, 'dump.py', ARGV_DUMP))
     s = wait(submit(job), timeout=120)
     assert s['state'] == 'COMPLETED', (s, tail(s['job_id'], 30))
-    argv = json.loads((tmp_path / 'job' / 'argv-rank0.json').read_text())
+    argv = json.loads((tmp_path / 'job' / 'argv-rank0.json').read_text(errors='replace'))
     assert argv == ['--recipe', str(job.recipe_path), *overrides]
     assert not pwned.exists()
     # the same job run locally (no shell at all) gets the same argv
     from nxpretrain.launch.job import run_local
     (tmp_path / 'job' / 'argv-rank0.json').unlink()
     assert run_local(job, echo=False).returncode == 0
-    assert json.loads((tmp_path / 'job' / 'argv-rank0.json').read_text()) == argv and not pwned.exists()
+    assert json.loads((tmp_path / 'job' / 'argv-rank0.json').read_text(errors='replace')) == argv and not pwned.exists()
 
 
 def test_data_array_then_dependent_job(one_node, tmp_path):
@@ -119,7 +119,7 @@ def test_data_array_then_dependent_job(one_node, tmp_path):
     tid = submit(check, after=[aid])
     s = wait(tid, timeout=180)
     assert s['state'] == 'COMPLETED', (s, tail(tid, 30))
-    assert sorted(p.read_text() for p in out.glob('shard-*.txt')) == ['0', '1', '2', '3']
+    assert sorted(p.read_text(errors='replace') for p in out.glob('shard-*.txt')) == ['0', '1', '2', '3']
     assert 'shards 4' in tail(tid, 50)
     assert 'task 3 of 4' in tail(f"{aid}_3", 5)
 
@@ -134,7 +134,7 @@ def test_preempt_requeue_resume_fake_trainer(one_node, tmp_path):
     wait(jid, until={'PENDING', 'RUNNING'}, timeout=60)
     release(jid)
     s = wait(jid, timeout=180)
-    log = Path(s['log']).read_text()
+    log = Path(s['log']).read_text(errors='replace')
     assert s['state'] == 'COMPLETED' and s['restarts'] == 1, (s, log)
     saved = int(log.split('saved checkpoint at step ')[1].split()[0])
     assert f"start rank 0 step {saved} restart 1" in log and log.rstrip().endswith('step finished with status 0')
@@ -153,7 +153,7 @@ dist.destroy_process_group()
     job = make_job('gpt3_tiny', 'ci', tmp_path / 'job', overrides=['cluster.nodes=2', 'data.micro_batch=4'],
                    entry=_script(tmp_path, 'ar.py', code))
     s = wait(submit(job), timeout=120)
-    log = Path(s['log']).read_text()
+    log = Path(s['log']).read_text(errors='replace')
     assert s['state'] == 'COMPLETED', (s, log)
     assert 'rank 0/2 on node1 sum 3' in log and 'rank 1/2 on node2 sum 3' in log, log
     assert '0: nxpretrain: node node1 task 0' in log and '1: nxpretrain: node node2 task 1' in log, log

@@ -42,7 +42,7 @@ def _small(corpus, *more): return SMALL + [f"data.corpus={corpus}", *more]
 
 
 def _steps(run_dir) -> list[dict]:
-    return [json.loads(l) for l in (Path(run_dir) / 'steps.jsonl').read_text().splitlines() if l.strip()]
+    return [json.loads(l) for l in (Path(run_dir) / 'steps.jsonl').read_text(errors='replace').splitlines() if l.strip()]
 
 
 def _wait_step(run_dir, n, job_id, timeout=240):
@@ -63,7 +63,7 @@ def test_two_node_training_through_04_train(corpus, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     rec = json.loads(next(out.rglob('jobs.jsonl')).read_text().splitlines()[-1])
     s = wait(rec['id'], timeout=480)
-    log = Path(s['log'] or log_path(rec['id'])).read_text()
+    log = Path(s['log'] or log_path(rec['id'])).read_text(errors='replace')
     assert s['state'] == 'COMPLETED', (s, log[-3000:])
     assert '0: nxpretrain: node node1 task 0' in log and '1: nxpretrain: node node2 task 1' in log
     run_dir = next(out.rglob('steps.jsonl')).parent
@@ -79,17 +79,17 @@ def test_preempt_requeue_resume(corpus, tmp_path):
     _wait_step(job.run_dir, 6, jid)
     cancel(jid, signal='USR1')                      # what --signal=B:USR1@grace does before a preemption or the time limit
     wait(jid, until={'PENDING'}, timeout=240)       # checkpointed, stopped with the requeue status, requeued
-    stopped = json.loads((job.run_dir / 'exit_status.json').read_text())
+    stopped = json.loads((job.run_dir / 'exit_status.json').read_text(errors='replace'))
     assert stopped['code'] == 75 and stopped['step'] >= 6, stopped
     release(jid)
     s = wait(jid, timeout=480)
-    log = Path(s['log']).read_text()
+    log = Path(s['log']).read_text(errors='replace')
     assert s['state'] == 'COMPLETED' and s['restarts'] == 1, (s, log[-3000:])
     assert f"nxpretrain: job {jid} restart 1" in log and 'requeueing job' in log
     # the second run went on from the signal's checkpoint: every step once, none repeated, none missing
     steps = [r['step'] for r in _steps(job.run_dir)]
     assert steps == list(range(1, 31)), steps
-    assert json.loads((job.run_dir / 'exit_status.json').read_text())['code'] == 0
+    assert json.loads((job.run_dir / 'exit_status.json').read_text(errors='replace'))['code'] == 0
 
 
 def test_cancel_does_not_requeue(corpus, tmp_path):
@@ -99,7 +99,7 @@ def test_cancel_does_not_requeue(corpus, tmp_path):
     cancel(jid)
     s = wait(jid, timeout=120)
     assert s['state'] == 'CANCELLED' and s.get('restarts', 0) == 0
-    assert 'requeueing' not in Path(log_path(jid)).read_text()
+    assert 'requeueing' not in Path(log_path(jid)).read_text(errors='replace')
 
 
 def test_compile_stage_dry_run_on_slurm(corpus, tmp_path):

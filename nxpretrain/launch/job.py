@@ -314,8 +314,15 @@ def cancel(job_id, signal: str | None = None) -> None:
     "Cancel `job_id` (scancel); with `signal`, send it to the batch shell instead (e.g. USR1 to checkpoint and requeue)."
     _slurm('scancel', *([f"--signal={signal}", '--batch'] if signal else []), str(job_id))
 
-def release(job_id) -> None:
-    "Start a requeued job now rather than after Slurm's requeue delay."
+def release(job_id, timeout: float = 120, settle: float = 3) -> None:
+    "Start a requeued job now rather than after Slurm's requeue delay (once its previous run has left the nodes)."
+    t0 = time.time()
+    # Allocating the job again while a node still cleans up its previous run fails it ("Job credential revoked").
+    while time.time() - t0 < timeout:
+        busy = _slurm('sinfo', '-h', '-t', 'completing', '-o', '%N', check=False).strip()
+        if status(job_id)['state'] == 'PENDING' and not busy: break
+        time.sleep(0.5)
+    time.sleep(settle)
     _slurm('scontrol', 'update', f"JobId={job_id}", 'StartTime=now')
 
 # %% ../../nbs/api/50_job.ipynb #a9f2be35
