@@ -111,8 +111,8 @@ def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', ov
         rd = ProgressReader(rep.log); rd.read()
         rep.steps_reached = rd.last['step'] if rd.last else 0
     if rep.returncode is None: rep.reason = f"job {rep.job_id} submitted; its log: {rep.log}"
-    elif rep.returncode == 0: rep.reason = (f"every rank reached step {rep.steps_reached or steps}; compile cache warm" if rep.mode == 'preflight'
-                                            else 'compile finished')
+    elif rep.returncode == 0: rep.reason = (f"every rank reached step {rep.steps_reached or steps}; give the training job the same "
+                                            "compile cache (cache_env)" if rep.mode == 'preflight' else 'compile finished')
     else: rep.reason = f"the dry run failed (status {rep.returncode}); the log's last lines:\n" + '\n'.join(Path(rep.log).read_text(errors='replace').splitlines()[-15:])
     show(rep)
     return rep
