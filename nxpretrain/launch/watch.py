@@ -9,7 +9,7 @@ from pathlib import Path
 from .job import END_STATES, log_path, status
 
 # %% auto #0
-__all__ = ['parse_progress', 'ProgressReader', 'interactive', 'describe', 'watch', 'plot_progress']
+__all__ = ['parse_progress', 'ProgressReader', 'interactive', 'describe', 'watch', 'plot_progress', 'where_logs']
 
 # %% ../../nbs/api/51_watch.ipynb #74db74bf
 _PROGRESS = re.compile(r"(?:Epoch\s+(?P<epoch>\d+):)?[^|\n]*?(?:\|[^|\n]*\|)?\s*(?P<step>\d+)/(?P<total>\d+)\s*"
@@ -116,3 +116,13 @@ def plot_progress(rows_or_reader, keys=('loss', 's_per_step')):
     for ax, k in zip(axes[0], keys): ax.plot(df['step'], df[k]); ax.set_xlabel('step'); ax.set_title(k)
     fig.tight_layout()
     return fig
+
+# %% ../../nbs/api/51_watch.ipynb #292452fe
+def where_logs(job) -> dict:
+    "Paths of a `Job`'s run (log pattern, checkpoints, TensorBoard events, steps) and the commands to view the events."
+    import socket
+    run = Path(job.run_dir or job.out_dir)
+    host = socket.gethostname()
+    return {'log': job.log, 'run_dir': str(run), 'checkpoints': str(run / 'checkpoints'), 'tensorboard': str(run / 'tb'),
+            'steps': str(run / 'steps.jsonl'),
+            'view': f"tensorboard --logdir {run / 'tb'} --port 6006   # on {host}; then on your laptop: ssh -L 6006:localhost:6006 {host}"}
