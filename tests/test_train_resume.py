@@ -65,14 +65,14 @@ def reference(tmp_path_factory) -> dict:
     return ref
 
 
-@pytest.mark.parametrize('seed', [0, 1, 2])
-def test_kill9_at_random_steps_resumes_identically(tmp_path, reference, seed):
+@pytest.mark.parametrize('seed,extra', [(0, ()), (1, ()), (2, ()), (3, ('--async-save',))], ids=['sync-a', 'sync-b', 'sync-c', 'async'])
+def test_kill9_at_random_steps_resumes_identically(tmp_path, reference, seed, extra):
     kills = sorted(random.Random(seed).sample(range(2, STEPS), 2))
     for k in kills:
-        p = launch(tmp_path)
+        p = launch(tmp_path, *extra)
         wait_for(lambda: any(s['step'] >= k for s in steps(tmp_path)), p, what=f'step {k}')
         os.killpg(p.pid, signal.SIGKILL); p.wait()
-    assert finish(launch(tmp_path)) == 0, console(tmp_path)
+    assert finish(launch(tmp_path, *extra)) == 0, console(tmp_path)
     assert console(tmp_path).count('resumed from') >= 1, console(tmp_path)
     assert_same_curve(tmp_path, reference)
 

@@ -56,7 +56,7 @@ def verify_checkpoint(path, deep: bool = True) -> dict:
         f = path / name
         if not f.exists(): raise CheckpointError(f"{f}: missing file of a complete checkpoint; the checkpoint is corrupted")
         if f.stat().st_size != size: raise CheckpointError(f"{f}: {f.stat().st_size} bytes, the manifest says {size} (truncated or overwritten); the checkpoint is corrupted")
-        if deep and crc_file(f) != crc: raise CheckpointError(f"{f}: CRC-32 mismatch with the manifest (bytes changed on disk); the checkpoint is corrupted")
+        if deep and crc is not None and crc_file(f) != crc: raise CheckpointError(f"{f}: CRC-32 mismatch with the manifest (bytes changed on disk); the checkpoint is corrupted")
     return manifest
 
 # %% ../../nbs/api/41_checkpoint.ipynb #b1fceac6
@@ -137,21 +137,22 @@ def set_rng_state(states: dict):
 # %% ../../nbs/api/41_checkpoint.ipynb #eb7da0a1
 class Checkpointer:
     "Save and load sharded checkpoints under `root` (`step_<N>` folders), atomically."
-    def __init__(self, root, keep_last: int = 2, async_save: bool = False, log=print, timeout_s: float = 1800):
+    def __init__(self, root, keep_last: int = 2, async_save: bool = False, log=print, timeout_s: float = 1800, checksum: bool = True):
         self.root, self.keep_last, self.async_save, self.log, self.timeout_s = Path(root), keep_last, async_save, log, timeout_s
-        self._thread, self._error, self.last_saved, self.blocked_s = None, None, None, []
+        self.checksum = checksum    # CRC-32 of every file in the manifest (False: sizes only, no read-back after writing)
+        self._thread, self._error, self.last_saved, self.blocked_s, self._staged, self._staged_event = None, None, None, [], None, None
         # async DCP collectives run beside training's: give them their own gloo group
         self._pg = _dist().new_group(backend='gloo') if async_save and world() > 1 else None
 
 # %% ../../nbs/api/41_checkpoint.ipynb #1932a682
-def _report_rank_files(d: Path, r: int):
-    files = {p.name: [p.stat().st_size, crc_file(p)] for p in d.iterdir()
+def _report_rank_files(d: Path, r: int, checksum: bool = True):
+    files = {p.name: [p.stat().st_size, crc_file(p) if checksum else None] for p in d.iterdir()
              if p.name.startswith(f'__{r}_') or p.name == f'rng_rank{r}.safetensors'}
     _write_atomic(d / f'.done_rank{r}.json', json.dumps(files))
 
 PAUSE_ENV = 'NXPRETRAIN_PAUSE_BEFORE_MARKER'  # "<step>:<seconds>": fault injection for the kill-during-save test
 
-def _finish(d: Path, n_ranks: int, timeout_s: float) -> dict:
+def _finish(d: Path, n_ranks: int, timeout_s: float, checksum: bool = True) -> dict:
     "Rank 0: gather every rank's report, write the manifest marker last."
     t0, files = time.time(), {}
     if (p := os.environ.get(PAUSE_ENV)) and int(p.split(':')[0]) == checkpoint_step(d): time.sleep(float(p.split(':')[1]))
@@ -161,7 +162,7 @@ def _finish(d: Path, n_ranks: int, timeout_s: float) -> dict:
             if time.time() - t0 > timeout_s: raise CheckpointError(f"{d}: rank {r} did not finish writing within {timeout_s:.0f} s; the checkpoint stays partial")
             time.sleep(0.05)
         files.update(json.loads(f.read_text()))
-    for name in ('.metadata', TRAINER_STATE): files[name] = [(d / name).stat().st_size, crc_file(d / name)]
+    for name in ('.metadata', TRAINER_STATE): files[name] = [(d / name).stat().st_size, crc_file(d / name) if checksum else None]
     manifest = dict(step=checkpoint_step(d), world=n_ranks, time=time.time(), files=files)
     _write_atomic(d / MARKER, json.dumps(manifest, indent=1))
     return manifest
@@ -179,6 +180,25 @@ def _prune(root: Path, keep_last: int, log=print):
         (p / MARKER).unlink(missing_ok=True); shutil.rmtree(p, ignore_errors=True)
 
 # %% ../../nbs/api/41_checkpoint.ipynb #e6f8fdf1
+def _stage(state, staged=None):
+    "A copy of `state` (nested dicts of tensors and values), reusing the tensors of `staged` when shapes match."
+    import torch
+    if isinstance(state, dict):
+        return {k: _stage(v, staged.get(k) if isinstance(staged, dict) else None) for k, v in state.items()}
+    if isinstance(state, torch.Tensor):
+        if isinstance(staged, torch.Tensor) and staged.shape == state.shape and staged.dtype == state.dtype and type(staged) is type(state):
+            return staged.copy_(state.detach())
+        return state.detach().clone()
+    return state
+
+class _Staged:
+    "DCP async stager for a state that `_stage` already copied: nothing more to copy."
+    should_synchronize_after_execute = False
+    def stage(self, state_dict): return state_dict
+    def synchronize_staging(self): pass
+    def close(self): pass
+
+# %% ../../nbs/api/41_checkpoint.ipynb #4493a789
 from fastcore.basics import patch
 
 @patch
@@ -196,23 +216,33 @@ def save(self: Checkpointer, step: int, state: dict, trainer_state: dict) -> Pat
         _write_atomic(d / TRAINER_STATE, json.dumps(trainer_state, indent=1))
     barrier()
     save_file(rng_state(), str(d / f'rng_rank{r}.safetensors'))
-    writer = dcp.FileSystemWriter(str(d), sync_files=True)
     def finish():
-        _report_rank_files(d, r)
+        _report_rank_files(d, r, self.checksum)
         if r == 0:
-            _finish(d, n, self.timeout_s); _prune(self.root, self.keep_last, self.log)
+            _finish(d, n, self.timeout_s, self.checksum); _prune(self.root, self.keep_last, self.log)
     if self.async_save:
-        with _quiet(): fut = dcp.async_save(state, storage_writer=writer, process_group=self._pg, no_dist=_dist() is None)
+        staged = self._staged_event = threading.Event()
         def background():
-            try: fut.result(); finish()
+            try:
+                self._staged = _stage(state, self._staged); staged.set()
+                with _quiet(): dcp.save(self._staged, storage_writer=dcp.FileSystemWriter(str(d), sync_files=True), process_group=self._pg, no_dist=_dist() is None)
+                finish()
             except BaseException as e: self._error = e
+            finally: staged.set()
         self._thread = threading.Thread(target=background, name=f'checkpoint-{step}', daemon=True); self._thread.start()
     else:
-        with _quiet(): dcp.save(state, storage_writer=writer, no_dist=_dist() is None)
+        with _quiet(): dcp.save(state, storage_writer=dcp.FileSystemWriter(str(d), sync_files=True), no_dist=_dist() is None)
         finish()
     self.last_saved = d
     self.blocked_s.append(time.perf_counter() - t0)
     return d
+
+@patch
+def wait_staged(self: Checkpointer):
+    "Block until the save in flight has copied the state: call it before anything changes the saved tensors (the optimizer step)."
+    if self._staged_event is not None:
+        t = time.perf_counter(); self._staged_event.wait(); self._staged_event = None
+        if self.blocked_s: self.blocked_s[-1] += time.perf_counter() - t
 
 @patch
 def wait(self: Checkpointer):

@@ -192,14 +192,51 @@ def _options():
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
-def _app_state(model, optimizer) -> dict:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    m, o = get_state_dict(_module(model), optimizer, options=_options())
+def _zero1_state(module, z) -> dict:
+    "The flattened optimizer state of a ZeRO-1 optimizer: the entries of the parameters this rank owns, named as DCP names them."
+    import torch
+    names = {id(p): n for n, p in module.named_parameters()}
+    owned = [p for p, o in zip(z.all_params, z.owner) if o == z.rank]
+    if owned and not z.inner.state:  # a template for loading: create the state with a no-op step
+        lrs = [g['lr'] for g in z.inner.param_groups]
+        for g in z.inner.param_groups: g['lr'] = 0.0
+        for p in owned: p.grad = torch.zeros_like(p)
+        z.inner.step()
+        for g, lr in zip(z.inner.param_groups, lrs): g['lr'] = lr
+        for p in owned: p.grad = None
+    out = {f'state.{names[id(p)]}.{k}': v for p in owned for k, v in z.inner.state[p].items()}
+    for g, inner in zip(z.param_groups, z.inner.param_groups):  # the inner optimizer's group has every hyperparameter
+        hyper = {k: v for k, v in {**inner, **g}.items() if k != 'params'}
+        out.update({f'param_groups.{names[id(p)]}.{k}': v for p in g['params'] for k, v in hyper.items()})
+    return out
+
+def _optim_state(module, optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    if type(optimizer).__name__ == 'Zero1Optimizer': return _zero1_state(module, optimizer)
+    return get_optimizer_state_dict(module, optimizer, options=_options())
+
+def _app_state(model, optimizer, saving: bool = False) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    m, o = get_model_state_dict(_module(model), options=_options()), _optim_state(_module(model), optimizer)
+    if saving:
+        # a tied embedding/head is one parameter in one process ('tok_embeddings.weight') but two on a pipeline (the last
+        # stage's 'output.weight'): save its optimizer state under both names so any layout finds it
+        for k in [k for k in o if '.tok_embeddings.weight' in k]:
+            o.setdefault(k.replace('.tok_embeddings.weight', '.output.weight'), o[k])
     return {'model': m, 'optim': o}
 
+_IMPL_FLAGS = ('foreach', 'fused', 'capturable', 'differentiable')  # how this process runs the optimizer, not state to restore
+
 def _restore(model, optimizer, state: dict):
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-    set_state_dict(_module(model), optimizer, model_state_dict=state['model'], optim_state_dict=state['optim'], options=_options())
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    impl = [{k: g[k] for k in _IMPL_FLAGS if k in g} for g in optimizer.param_groups]
+    set_model_state_dict(_module(model), state['model'], options=_options())
+    if type(optimizer).__name__ == 'Zero1Optimizer':  # tensors were loaded in place; hyperparameters by name
+        names = {id(p): n for n, p in _module(model).named_parameters()}
+        for g in optimizer.param_groups:
+            g.update({k: state['optim'][f'param_groups.{names[id(g["params"][0])]}.{k}'] for k in g if k != 'params'})
+    else: set_optimizer_state_dict(_module(model), optimizer, state['optim'], options=_options())
+    for g, flags in zip(optimizer.param_groups, impl): g.update(flags)
 
 # %% ../../nbs/api/43_trainer.ipynb #994612c9
 def _start(recipe: Recipe, run_dir: Path, device, st, dp, log, resume_from, weights_only, async_save):
@@ -269,6 +306,7 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
             flags = torch.tensor([loss if rank() == 0 else 0.0, stop.signal is not None, time_due], dtype=torch.float64)
             if n_world > 1: dist.all_reduce(flags)  # one collective: every rank gets rank 0's loss and learns of any stop/save request
             loss = flags[0].item()
+            ck.wait_staged()  # an async save still copying the weights must finish copying before they change
             if math.isfinite(loss) and torch.isfinite(gnorm): optimizer.step(); nonfinite = 0
             else: skipped, nonfinite = skipped + 1, nonfinite + 1; log(f"step {step + 1}: loss {loss} / grad norm {gnorm.item()} not finite; optimizer step skipped ({nonfinite} in a row)")
             optimizer.zero_grad(set_to_none=True)
@@ -300,7 +338,7 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
             if (tr.save_every and step % tr.save_every == 0) or flags[2].item() > 0 or signalled or (step == max_steps and (tr.save_every or tr.save_every_minutes)):
                 state = dict(step=step, consumed_samples=consumed, skipped_steps=skipped, loss=loss, lr=lr, world=n_world,
                              layout=dict(tp=recipe.parallel.tp, pp=recipe.parallel.pp, cp=recipe.parallel.cp, dp=dp), recipe=to_dict(recipe))
-                res.last_checkpoint = str(ck.save(step, _app_state(model, optimizer), state)); last_save = time.time()
+                res.last_checkpoint = str(ck.save(step, _app_state(model, optimizer, saving=True), state)); last_save = time.time()
             if signalled:
                 log(f"stopping at step {step} on {stop.signal or 'a stop signal on another rank'}: checkpoint {res.last_checkpoint}; exit code {EXIT_REQUEUE} (requeue to resume)")
                 res.stopped, res.exit_code = 'signal', EXIT_REQUEUE; break
