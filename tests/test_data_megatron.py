@@ -119,3 +119,35 @@ def test_blending_equals_megatron(weights, size):
     helpers.build_blending_indices(di, dsi, w, len(w), size, False)
     ours = build_blending_indices(weights, size)
     np.testing.assert_array_equal(ours[0], di); np.testing.assert_array_equal(ours[1], dsi)
+
+
+def test_blended_gpt_datasets_equal_megatron(tmp_path):
+    import torch.distributed as dist
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.tokenizers import MegatronTokenizer
+    from nxpretrain.data.gpt_dataset import build_blended_gpt_datasets
+    prefixes = []
+    for k in range(3):
+        with IndexedWriter(tmp_path / f'c{k}') as w:
+            for d in random_docs(150 + 50 * k, seed=10 + k): w.add_document(d)
+        prefixes.append(str(tmp_path / f'c{k}'))
+    blend, sizes = [0.5, prefixes[0], 0.3, prefixes[1], 0.2, prefixes[2]], (700, 60, 20)
+    if not dist.is_initialized():   # megatron-core 0.16.1 needs a process group to cache blended indices
+        dist.init_process_group('gloo', init_method=f'file://{tmp_path}/pg', rank=0, world_size=1)
+    try:
+        tok = MegatronTokenizer.from_pretrained(metadata_path={'library': 'null'}, vocab_size=65000)
+        cfg = GPTDatasetConfig(random_seed=99, sequence_length=32, blend=(prefixes, [0.5, 0.3, 0.2]), split='90,7,3', tokenizer=tok,
+                               path_to_cache=str(tmp_path / 'mcache'), reset_position_ids=False, reset_attention_mask=False,
+                               eod_mask_loss=False)
+        meg = BlendedMegatronDatasetBuilder(GPTDataset, list(sizes), lambda: True, cfg).build()
+    finally: dist.destroy_process_group()
+    ours = build_blended_gpt_datasets(blend, 32, '90,7,3', 99, sizes, cache=False)
+    for m, o in zip(meg, ours):
+        assert len(m) == len(o)
+        np.testing.assert_array_equal(m.dataset_index, o.dataset_index)
+        np.testing.assert_array_equal(m.dataset_sample_index, o.dataset_sample_index)
+        for md, od in zip(m.datasets, o.datasets):
+            np.testing.assert_array_equal(md.shuffle_index, od.shuffle_index); np.testing.assert_array_equal(md.sample_index, od.sample_index)
+        for k in (0, 1, len(o) // 2, len(o) - 1):
+            assert m[k]['tokens'].tolist() == o[k]['tokens'].tolist()

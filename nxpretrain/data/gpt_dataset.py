@@ -13,7 +13,7 @@ from .indexed import IndexedDataset
 # %% auto #0
 __all__ = ['parse_split', 'split_ranges', 'num_epochs', 'build_document_index', 'build_shuffle_index', 'build_sample_index',
            'build_indices', 'build_blending_indices', 'GPTDataset', 'build_gpt_datasets', 'BlendedDataset',
-           'sample_ids']
+           'build_blended_gpt_datasets', 'sample_ids']
 
 # %% ../../nbs/api/13_gpt_dataset.ipynb #fbe20524
 def parse_split(split: str) -> list[float]:
@@ -60,22 +60,28 @@ def build_shuffle_index(num_samples: int, total: int, rng: np.random.RandomState
 
 # %% ../../nbs/api/13_gpt_dataset.ipynb #69039ed4
 def build_sample_index(sizes: np.ndarray, document_index: np.ndarray, seq_len: int, epochs: int, tokens_per_epoch: int,
-                       drop_last: bool = True, extra: int = 1) -> np.ndarray:
+                       drop_last: bool = True, extra: int = 1, block: int = 1 << 17) -> np.ndarray:
     "Start (position in document_index, token offset) of every sample, plus the end: shape [m+1, 2]."
     total = epochs * tokens_per_epoch - extra
     m = total // seq_len if drop_last else -(-total // seq_len)
-    doc_lengths = np.asarray(sizes)[document_index].astype(np.int64)
-    ends = np.cumsum(doc_lengths)                    # ends[d] = stream position just after document d
-    starts = ends - doc_lengths
-    target = np.arange(1, m + 1, dtype=np.int64) * seq_len
-    d = np.searchsorted(ends, target + extra, side='left')
-    last = len(document_index) - 1
-    off = target - starts[np.minimum(d, last)]
-    past = d > last                                  # only the partial last sample when drop_last is False
-    d[past], off[past] = last, int(doc_lengths[last]) - extra
     big = max(len(document_index), int(np.max(sizes))) > np.iinfo(np.int32).max
     out = np.empty((m + 1, 2), np.int64 if big else np.int32)
-    out[0] = 0; out[1:, 0] = d; out[1:, 1] = off
+    out[0] = 0
+    carry, prev, n = 0, 0, 0
+    for a in range(0, len(document_index), block):          # blocks of documents: temporaries stay in cache
+        lengths = np.take(sizes, document_index[a:a + block])  # np.take: faster than fancy indexing
+        ends = np.cumsum(lengths, dtype=np.int64); ends += carry   # stream position just after each document
+        # sample k (1..m) ends at k·S + extra, inside the first document whose end reaches it: count those ends per document
+        upto = ends - extra; upto //= seq_len
+        np.clip(upto, 0, m, out=upto)
+        d = np.repeat(np.arange(a, a + len(lengths), dtype=out.dtype), np.diff(upto, prepend=prev))
+        if k := len(d):
+            rel = d - a
+            off = np.arange((n + 1) * seq_len, (n + k + 1) * seq_len, seq_len, dtype=np.int64)
+            off -= np.take(ends, rel); off += np.take(lengths, rel)
+            out[n + 1:n + k + 1, 0] = d; out[n + 1:n + k + 1, 1] = off
+        n, carry, prev = n + k, int(ends[-1]), int(upto[-1])
+    if n < m: out[n + 1:] = len(document_index) - 1, int(sizes[document_index[-1]]) - extra   # partial last sample (drop_last False)
     return out
 
 # %% ../../nbs/api/13_gpt_dataset.ipynb #d166c587
@@ -125,10 +131,12 @@ class GPTDataset:
         else:
             arrays = build_indices(data.lengths, documents, seq_len, num_samples, seed)
             if cache:
-                paths[0].parent.mkdir(parents=True, exist_ok=True)
-                for p, a in zip(paths, arrays):
-                    with open(str(p) + '.part', 'wb') as f: np.save(f, a)
-                    os.replace(str(p) + '.part', p)
+                try:
+                    paths[0].parent.mkdir(parents=True, exist_ok=True)
+                    for p, a in zip(paths, arrays):
+                        with open(str(p) + '.part', 'wb') as f: np.save(f, a)
+                        os.replace(str(p) + '.part', p)
+                except OSError: pass   # a read-only dataset directory: rebuild next time instead
             self.document_index, self.sample_index, self.shuffle_index = arrays
         self.num_samples = len(self.shuffle_index) if num_samples is None else num_samples
 
@@ -175,6 +183,27 @@ class BlendedDataset:
     def __len__(self): return self.size
     def __getitem__(self, k: int):
         return self.datasets[int(self.dataset_index[k])][int(self.dataset_sample_index[k])]
+
+# %% ../../nbs/api/13_gpt_dataset.ipynb #387c395d
+def build_blended_gpt_datasets(blend: list, # [weight, prefix, weight, prefix, ...]
+                               seq_len: int, split: str = '949,50,1', seed: int = 1234, num_samples: tuple = (None, None, None),
+                               cache: bool = True, surplus: float = 0.005) -> tuple:
+    "(train, valid, test) BlendedDatasets over several indexed datasets, megatron-core-identical."
+    import math
+    if len(blend) % 2 or len(blend) < 4: raise DataError(f'blend {blend!r}: give [weight, prefix, weight, prefix, ...] with at least two prefixes')
+    w = np.array([float(x) for x in blend[0::2]], np.float64); prefixes = blend[1::2]
+    w = (w / w.sum()).tolist()
+    target = [[None if n is None else int(math.ceil(n * x)) for n in num_samples] for x in w]
+    buffer = [[None if n is None else int(math.ceil(math.ceil(n * x) * (1 + surplus))) for n in num_samples] for x in w]
+    per = [build_gpt_datasets(p, seq_len, split, seed, tuple(b), cache) for p, b in zip(prefixes, buffer)]
+    out = []
+    for i, name in enumerate(('train', 'valid', 'test')):
+        parts = [d[i] for d in per]
+        if all(p is None for p in parts): out.append(None); continue
+        if num_samples[i] is None: raise DataError(f'blend: the {name} split needs a number of samples (megatron-core requires sizes with weights)')
+        if any(p is None for p in parts): raise DataError(f'blend: a corpus has too few tokens for the {name} split {split!r}')
+        out.append(BlendedDataset(parts, w, sum(t[i] for t in target)))
+    return tuple(out)
 
 # %% ../../nbs/api/13_gpt_dataset.ipynb #aafef787
 def sample_ids(total: int, consumed_samples: int, micro_batch: int, dp_rank: int = 0, dp_size: int = 1):

@@ -11,7 +11,7 @@ import numpy as np
 from tqdm.auto import tqdm
 from .corpus import DataError, LineStats, iter_jsonl, line_ranges, demo_documents, write_jsonl, extract_zst
 from .indexed import IndexedWriter, IndexedDataset, merge_datasets, token_dtype, check_tokens
-from .tokenizers import get_tokenizer
+from .tokenizers import get_tokenizer, demo_tokenizer
 
 # %% auto #0
 __all__ = ['CORPORA', 'STAGES', 'encode_documents', 'Job', 'run_job', 'tokenize_files', 'record', 'done', 'read_manifest',
@@ -91,7 +91,9 @@ def tokenize_files(inputs: list, # .jsonl / .jsonl.zst files, in output order
     get_tokenizer(tokenizer, cache_dir)   # fail fast on a bad spec (and train/cache the demo tokenizer once)
     jobs = []
     for i, p in enumerate(inputs):
-        ranges = [(0, None)] if str(p).endswith('.zst') or workers == 1 else line_ranges(p, workers)
+        # several ranges per worker, dealt dynamically: a worker slowed by a busy core does not hold up the others
+        parts = min(4 * workers, max(workers, os.path.getsize(p) >> 20))
+        ranges = [(0, None)] if str(p).endswith('.zst') or workers == 1 else line_ranges(p, parts)
         jobs += [Job(str(p), f'{out_prefix}.part{i:04d}-{j:03d}', tokenizer, cache_dir, a, b, key, strict) for j, (a, b) in enumerate(ranges)]
     total = sum(os.path.getsize(p) for p in inputs)
     bar = tqdm(total=total, unit='B', unit_scale=True, desc=f'tokenize {Path(out_prefix).name}', disable=not progress)
@@ -145,6 +147,7 @@ class CorpusRecipe:
     chunks: int = 0             # concatenate (extracted, filtered) files into this many chunks; 0 = one output per file
     prepared: bool = False      # files are a ready .bin/.idx pair (seed 0's Wikipedia)
     sha256: dict = field(default_factory=dict)   # file name -> expected checksum
+    hf: tuple = ()              # (dataset, config) read with HF datasets when base_url is empty
     notes: str = ''
 
 # %% ../../nbs/api/14_prepare.ipynb #91c71746
@@ -160,7 +163,7 @@ CORPORA = {
     'slimpajama': CorpusRecipe('slimpajama', [f'chunk{c}/example_train_{i}.jsonl.zst' for c in range(1, 11) for i in range(5912)],
                                'https://huggingface.co/datasets/cerebras/SlimPajama-627B/resolve/main/train/', sets=_SLIMPAJAMA_SETS,
                                chunks=72, notes='seed 2: 59,120 train files → extract → 72 chunks → tokenize; pass sets=... to filter'),
-    'wikicorpus-llama3': CorpusRecipe('wikicorpus-llama3', ['wikicorpus_raw_en.jsonl'], tokenizer='llama3',
+    'wikicorpus-llama3': CorpusRecipe('wikicorpus-llama3', ['wikicorpus_raw_en.jsonl'], tokenizer='llama3', hf=('wikicorpus', 'raw_en'),
                                       notes='seed 4: HF datasets wikicorpus raw_en (export_hf_dataset) + the Llama 3 tokenizer.json; '
                                             'train on 8192-token blocks (nxpretrain.data.blocks)'),
 }
@@ -216,9 +219,11 @@ def run_stage(recipe: CorpusRecipe, stage: str, root: str | Path = 'runs/data', 
         if (r := done(cdir, name)): out.append(r); continue
         t0 = time.time()
         if stage == 'download':
-            from nxpretrain.data.download import fetch_file
-            url = unit if '://' in unit else recipe.base_url + unit
-            p = fetch_file(url, _local(recipe, root, unit), recipe.sha256.get(unit), progress=progress)
+            from nxpretrain.data.download import fetch_file, export_hf_dataset
+            if recipe.hf and not recipe.base_url: p = export_hf_dataset(*recipe.hf, _local(recipe, root, unit), key=recipe.key)
+            else:
+                url = unit if '://' in unit else recipe.base_url + unit
+                p = fetch_file(url, _local(recipe, root, unit), recipe.sha256.get(unit), progress=progress)
             info = dict(bytes=p.stat().st_size)
         elif stage == 'extract':
             src = _local(recipe, root, unit)
@@ -230,7 +235,7 @@ def run_stage(recipe: CorpusRecipe, stage: str, root: str | Path = 'runs/data', 
             src = cdir / 'chunks' / f'{unit}.jsonl' if recipe.chunks else _local(recipe, root, unit)
             prefix = _prefix(recipe, root, tokenizer, unit)
             info = dict(prefix=prefix, **tokenize_files([src], prefix, tokenizer, workers, str(root), recipe.key, strict, progress))
-        record(cdir, name, seconds=time.time() - t0, **info)
+        record(cdir, name, **{'seconds': time.time() - t0, **info})
         out.append(done(cdir, name))
     return out
 
@@ -258,7 +263,7 @@ def get_recipe_corpus(corpus: str, base_url: str | None = None) -> CorpusRecipe:
     return r if base_url is None else CorpusRecipe(**{**asdict(r), 'base_url': base_url})
 
 # %% ../../nbs/api/14_prepare.ipynb #aaa68561
-def prepare(corpus: str, # catalog name (demo, wikipedia, pile, slimpajama, wikicorpus-llama3) or a .jsonl/.jsonl.zst path
+def prepare(corpus: str | CorpusRecipe, # catalog name (demo, wikipedia, pile, slimpajama, wikicorpus-llama3) or a .jsonl/.jsonl.zst path
             tokenizer: str | None = None, # tokenizer spec; default: the corpus recipe's
             output: str = 'runs/data', # root directory of prepared corpora
             workers: int = max(1, (os.cpu_count() or 2)), # tokenizer processes
@@ -273,7 +278,8 @@ def prepare(corpus: str, # catalog name (demo, wikipedia, pile, slimpajama, wiki
     "Prepare a corpus into .bin/.idx; returns the path prefixes written (one when merged)."
     if task is None or num_tasks is None: task, num_tasks = slurm_task()
     if corpus == 'demo': return [prepare_demo(output, tokenizer or 'demo', progress=progress)[0]]
-    if Path(corpus).exists() and not Path(corpus).is_dir():
+    if isinstance(corpus, CorpusRecipe): recipe = corpus
+    elif Path(corpus).exists() and not Path(corpus).is_dir():
         stem = Path(corpus).name.split('.')[0]
         recipe = CorpusRecipe(stem, [str(Path(corpus).resolve())], tokenizer=tokenizer or 'demo')
     else: recipe = get_recipe_corpus(corpus, base_url)
@@ -301,17 +307,35 @@ def prepare_demo(root: str | Path = 'runs/data', tokenizer: str = 'demo', progre
     prefix, unit = str(cdir / tag / 'demo_text_document'), f'tokenize-{tag}/demo'
     if (r := done(cdir, unit)) and Path(prefix + '.idx').exists(): return prefix, r
     t0 = time.time()
-    tok = get_tokenizer(tokenizer, root)
     docs = demo_documents()
+    tok = demo_tokenizer(root, docs) if tokenizer == 'demo' else get_tokenizer(tokenizer, root)
+    t1 = time.time()
     with IndexedWriter(prefix, token_dtype(tok.vocab_size), tok.vocab_size) as w:
         for i in tqdm(range(0, len(docs), 1024), desc='tokenize demo', disable=not progress):
             w.add_documents(*encode_documents(tok, docs[i:i + 1024]))
+    t2 = time.time()
     if not (cdir / 'demo.jsonl').exists(): write_jsonl(docs, cdir / 'demo.jsonl')
     record(cdir, unit, prefix=prefix, documents=len(docs), tokens=w.num_tokens, chars=sum(map(len, docs)),
-           bytes=(cdir / 'demo.jsonl').stat().st_size, bad=0, empty=0, seconds=time.time() - t0)
+           bytes=(cdir / 'demo.jsonl').stat().st_size, bad=0, empty=0, seconds=t2 - t1, total_seconds=time.time() - t0)
     return prefix, done(cdir, unit)
 
 # %% ../../nbs/api/14_prepare.ipynb #1c431012
+def _prepared_prefix(r: CorpusRecipe, tokenizer: str, root) -> str:
+    "The single prefix of a prepared catalog corpus: the prepared pair, the merged file, or the shards merged now (e.g. after a Slurm array run)."
+    if r.prepared: merged = _local(r, root, r.files[0]).with_suffix('')
+    else:
+        units = _units(r, 'tokenize')
+        recs = [done(corpus_dir(r, root), f'tokenize-{Path(_prefix(r, root, tokenizer, u)).parent.name}/{u}') for u in units]
+        merged = Path(_prefix(r, root, tokenizer, units[0])).parent / f'{r.name}_text_document'
+        if all(recs) and not Path(str(merged) + '.idx').exists():
+            if len(recs) == 1: return recs[0]['prefix']
+            merge_datasets([x['prefix'] for x in recs], merged)
+    if not Path(str(merged) + '.idx').exists():
+        raise DataError(f"corpus {r.name!r} is not prepared under {corpus_dir(r, root)}: run nxpretrain.data.prepare.prepare({r.name!r}, "
+                        f"tokenizer={tokenizer!r}, output={str(root)!r}) (downloads from {r.base_url or 'HF datasets'}; {r.notes})")
+    return str(merged)
+
+# %% ../../nbs/api/14_prepare.ipynb #4568c181
 def ensure_dataset(data_cfg, # a recipes.DataConfig
                    root: str = 'runs/data', vocab_size: int | None = None, # check token ids against it when given
                   ) -> str:
@@ -320,14 +344,7 @@ def ensure_dataset(data_cfg, # a recipes.DataConfig
     if corpus == 'demo': prefix = prepare_demo(root, tokenizer)[0]
     elif Path(corpus + '.idx').exists() or Path(corpus + '.bin').exists(): prefix = corpus
     elif Path(corpus).is_file(): prefix = prepare(corpus, tokenizer, root, progress=False)[0]
-    elif corpus in CORPORA:
-        r = CORPORA[corpus]
-        tok_tag = 'wikipedia' if r.prepared else (tokenizer if tokenizer in ('demo', 'gpt2', 'llama3') else Path(tokenizer).stem)
-        merged = (_local(r, root, r.files[0]).with_suffix('') if r.prepared else corpus_dir(r, root) / tok_tag / f'{r.name}_text_document')
-        if not Path(str(merged) + '.idx').exists():
-            raise DataError(f"corpus {corpus!r} is not prepared under {corpus_dir(r, root)}: run nxpretrain.data.prepare.prepare({corpus!r}, "
-                            f"tokenizer={tokenizer!r}, output={root!r}) (downloads from {r.base_url or 'HF datasets'}; {r.notes})")
-        prefix = str(merged)
+    elif corpus in CORPORA: prefix = _prepared_prefix(CORPORA[corpus], tokenizer, root)
     else: raise DataError(f'corpus {corpus!r}: not a catalog name ({sorted(CORPORA)}), a .jsonl file or a .bin/.idx prefix')
     ds = IndexedDataset(prefix)
     if vocab_size is not None and ds.num_tokens <= 50_000_000: check_tokens(ds, vocab_size)

@@ -81,24 +81,29 @@ def train_bpe(texts, vocab_size: int, eod: str = '<|endoftext|>', min_frequency:
     return HFTokenizer(tok, eod, 'bpe')
 
 # %% ../../nbs/api/12_tokenizers.ipynb #7ccbe8e4
-def demo_tokenizer(cache_dir: str | Path = 'runs/data') -> HFTokenizer:
+def demo_tokenizer(cache_dir: str | Path = 'runs/data', docs: list | None = None, # the demo corpus, when the caller has it already
+                  ) -> HFTokenizer:
     "The demo BPE (8192 tokens) trained on the demo corpus, cached under `cache_dir/demo/`."
     from tokenizers import Tokenizer
     path = Path(cache_dir) / 'demo' / 'tokenizer.json'
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        t = train_bpe(demo_documents(), DEMO_VOCAB)
+        t = train_bpe(docs if docs is not None else demo_documents(), DEMO_VOCAB)
         t.tok.save(str(path) + '.part'); os.replace(str(path) + '.part', path)
     return HFTokenizer(Tokenizer.from_file(str(path)), '<|endoftext|>', 'demo')
 
 # %% ../../nbs/api/12_tokenizers.ipynb #d50efba4
-def get_tokenizer(spec: str, # demo | gpt2 | gpt2:DIR | DIR with vocab.json+merges.txt | tokenizer.json | *.model | vocab.txt | bert-cased:vocab.txt
-                  cache_dir: str | Path = 'runs/data', # where 'demo' is cached and 'gpt2' looks for its files (cache_dir/gpt2/)
+def get_tokenizer(spec: str, # demo | gpt2 | llama3 | gpt2:DIR | DIR with vocab.json+merges.txt | tokenizer.json | *.model | vocab.txt | bert-cased:vocab.txt
+                  cache_dir: str | Path = 'runs/data', # where 'demo' is cached; 'gpt2'/'llama3' look in cache_dir/gpt2/, cache_dir/llama3/
                  ):
     "A tokenizer from a short spec or a path."
     from tokenizers import Tokenizer
     if spec == 'demo': return demo_tokenizer(cache_dir)
     if spec == 'gpt2': return gpt2_tokenizer(Path(cache_dir) / 'gpt2')
+    if spec == 'llama3':
+        p = Path(cache_dir) / 'llama3' / 'tokenizer.json'
+        if not p.exists(): raise DataError(f'{p}: missing; put the Llama 3 tokenizer.json there (meta-llama/Meta-Llama-3-8B on the HF hub, gated) or pass its path')
+        return HFTokenizer(Tokenizer.from_file(str(p)), name='llama3')
     if spec.startswith('gpt2:'): return gpt2_tokenizer(spec[5:])
     if spec.startswith('bert-cased:'): return wordpiece_tokenizer(spec[11:], lowercase=False)
     p = Path(spec)
