@@ -304,7 +304,7 @@ _NXDT_OPT = dict(lr=1.5e-5, min_lr=1e-6, weight_decay=0.1, warmup_steps=2000, cl
 _NXDT_TRAIN = dict(max_steps=30000, save_every=200, keep_last=2, log_every=1, eval_every=0)
 _LLAMA70_PAR = dict(tp=32, pp=8, zero1=True, sequence_parallel=True, kv_replicator=4, activation_checkpointing='selective',
                     checkpoint_modules=['attention', 'mlp'])
-_LLAMA_DATA = dict(corpus='wikicorpus', tokenizer='llama3', micro_batch=1, global_batch=1024)
+_LLAMA_DATA = dict(corpus='wikicorpus-llama3', tokenizer='llama3', micro_batch=1, global_batch=1024)
 _LLAMA31_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192)
 
 # %% ../nbs/api/00_recipes.ipynb #e59fc190
