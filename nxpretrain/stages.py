@@ -38,7 +38,7 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 max_steps: int | None = None,  # shortcut for trainer.max_steps
                 out_dir: str = 'runs',     # where logs, TensorBoard events and checkpoints go
                 show=print):               # how to show the plan (display in notebooks)
-    "Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop."
+    "Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop (trn1: an NxD Training job)."
     r = load_recipe(model, overrides, max_steps)
     show(plan(r))
     action, reason = where_to_train(r, cluster)
@@ -47,7 +47,14 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         from nxpretrain.train.trainer import train
         return train(r, out_dir=out_dir)
     from nxpretrain.launch.job import make_job, submit
-    job = make_job(r, cluster or r.cluster.profile, out_dir)
-    print(f"\nThe job{' submitted' if action == 'submit' else ' it would submit'} ({job.path if getattr(job, 'path', None) else 'sbatch'}):\n")
-    print(job.script)
-    return submit(job) if action == 'submit' else job
+    from nxpretrain.launch.nxdt import export_nxdt
+    where = Path(out_dir) / 'jobs' / r.name
+    if profile(r.cluster.profile).backend == 'xla':   # trn1: legacy XLA, run through NxD Training (compile first: 03_compile)
+        job = export_nxdt(r, where, cluster or None)['train']
+    else: job = make_job(r, cluster or None, where)  # checks the recipe against the cluster, quotes every value
+    print(f"\nThe job {'submitted' if action == 'submit' else 'it would submit'} ({job.script_path}):\n")
+    print(job)
+    if action == 'stop': return job
+    job_id = submit(job)
+    print(f"\nsubmitted as Slurm job {job_id}: follow it with 05_monitor (papermill nbs/05_monitor.ipynb runs/monitor.ipynb -p job {job_id})")
+    return job_id
