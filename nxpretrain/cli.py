@@ -32,6 +32,49 @@ def _train(a):
     from nxpretrain.stages import train_stage
     train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out)
 
+def _setup(a):
+    from nxpretrain.setup import report_text
+    print(report_text(a.recipes, a.data_dir))
+
+def _compile(a):
+    from nxpretrain.stages import load_recipe
+    from nxpretrain.launch.compile import compile_stage
+    report = compile_stage(load_recipe(a.model, a.overrides), a.cluster or None, a.out)
+    print(report)
+    if not report.ok: sys.exit(1)
+
+def _jobs(a):
+    from nxpretrain.launch.job import job_table
+    print(job_table().to_string(index=False))
+
+def _tail(a):
+    from nxpretrain.launch.job import tail
+    print(tail(a.job_id, a.n))
+
+def _cancel(a):
+    from nxpretrain.launch.job import cancel
+    cancel(a.job_id, a.signal)
+
+def _watch(a):
+    from nxpretrain.launch.watch import watch
+    watch(a.job_id, timeout=a.timeout, widgets=False)
+
+def _evaluate(a):
+    from nxpretrain.evaluate import perplexity, load_model, sample_text
+    from nxpretrain.data.tokenizers import get_tokenizer
+    print(perplexity(a.checkpoint, steps=a.steps))
+    if a.prompt:
+        model, r = load_model(a.checkpoint)
+        print(sample_text(model, get_tokenizer(r.data.tokenizer), a.prompt, a.max_new_tokens))
+
+def _export_hf(a):
+    from nxpretrain.train.hf import export_hf
+    print(export_hf(a.checkpoint, a.out))
+
+def _import_hf(a):
+    from nxpretrain.train.hf import import_hf
+    print(import_hf(a.hf_dir, a.out)[0])
+
 def _demo(a):
     import subprocess
     from pathlib import Path
@@ -60,6 +103,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--cluster', default='', help='Slurm partition/profile to submit to')
     p.add_argument('--max-steps', type=int, default=None)
     p.add_argument('--out', default='runs')
+    p = cmd('setup', _setup, 'what this machine offers and what each recipe still needs here', model=False)
+    p.add_argument('--recipes', default='all', help='comma-separated recipe names, or all'); p.add_argument('--data-dir', default=None)
+    sub.add_parser('data', help='prepare a corpus into .bin/.idx (see `nxpretrain data --help`)', add_help=False)
+    p = cmd('compile', _compile, 'trn1: export and compile an NxD Training job; elsewhere a pre-flight dry run')
+    p.add_argument('--cluster', default=''); p.add_argument('--out', default='runs/compile')
+    cmd('jobs', _jobs, 'the Slurm job table', model=False)
+    for name, fn, help in (('tail', _tail, 'the end of a job log'), ('cancel', _cancel, 'cancel a job (or send it a signal)'),
+                           ('watch', _watch, 'follow the progress of a job')):
+        p = cmd(name, fn, help, model=False); p.add_argument('job_id')
+    tail_p, cancel_p, watch_p = (sub.choices[n] for n in ('tail', 'cancel', 'watch'))
+    tail_p.add_argument('-n', type=int, default=20); cancel_p.add_argument('--signal', default=None, help='e.g. USR1 to checkpoint and requeue')
+    watch_p.add_argument('--timeout', type=float, default=3600)
+    p = cmd('evaluate', _evaluate, 'validation perplexity of a checkpoint, and a sample', model=False)
+    p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/gpt3_tiny/checkpoints/step_300')
+    p.add_argument('--steps', type=int, default=10); p.add_argument('--prompt', default=''); p.add_argument('--max-new-tokens', type=int, default=40)
+    p = cmd('export-hf', _export_hf, 'write a checkpoint as a Hugging Face folder (config.json + safetensors)', model=False)
+    p.add_argument('checkpoint'); p.add_argument('out')
+    p = cmd('import-hf', _import_hf, 'turn a Hugging Face folder (safetensors) into an nxpretrain checkpoint', model=False)
+    p.add_argument('hf_dir'); p.add_argument('out')
     p = cmd('demo', _demo, 'run the 04_train stage notebook with papermill (gpt3_tiny on this CPU)', model=False)
     p.add_argument('--model', default='gpt3_tiny'); p.add_argument('--out', default='runs')
     return ap
@@ -67,6 +129,10 @@ def _parser() -> argparse.ArgumentParser:
 # %% ../nbs/api/08_cli.ipynb #808d0152
 def main(argv=None):
     "Entry point of the `nxpretrain` command."
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ['data']:                       # the data stage has its own arguments: one parser, in nxpretrain.data.prepare
+        from nxpretrain.data.prepare import main as data_main
+        return data_main(argv[1:])
     a = _parser().parse_args(argv)
     try: return a.fn(a)
     except RecipeError as e:
