@@ -49,7 +49,7 @@ say "Python packages"
 torch_spec=${NXP_TORCH-torch==2.13.0}
 # shellcheck disable=SC2086
 python3 -m pip install -q --disable-pip-version-check $torch_spec -e ".[dev]"
-python3 -m ipykernel install --user --name python3 --display-name "Python 3 (ipykernel)" >/dev/null
+python3 -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)" >/dev/null  # this environment only
 echo "torch $(python3 -c 'import importlib.metadata as m; print(m.version("torch"))'), nbdev $(python3 -c 'import importlib.metadata as m; print(m.version("nbdev"))'), kernel python3 registered"
 echo "set-up took $((SECONDS - started)) s"
 
