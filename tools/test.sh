@@ -4,7 +4,7 @@
 #   bash tools/test.sh
 #
 # 1. Debian packages through apt-get (Chromium for the docs test, git, fonts), only those missing.
-# 2. A local Slurm through tools/slurm/install.sh (apt-get), started for the tests and stopped afterwards.
+# 2. Debian's Slurm and munge through tools/slurm/install.sh (apt-get); the Slurm tests start their own clusters.
 # 3. The package with its dev extras; torch pinned to the CPU build 2.13.0 (NXP_TORCH= keeps an installed torch).
 # 4. The Jupyter kernel papermill uses.
 # 5. tools/ci_gate.sh: clean, sync, readme, nbtest, pytest.
@@ -29,20 +29,15 @@ else
   echo "all present"
 fi
 
-# --- Slurm hook: tools/slurm/ (install.sh, start.sh, stop.sh) belongs to the cluster launcher. ---------------------------
-# Until those scripts exist the Slurm tests skip themselves; once they exist this block installs, starts and stops Slurm.
-slurm_started=''
+# --- Slurm: tools/slurm/install.sh (the cluster launcher's) installs Debian's Slurm and munge, idempotently. ----------
+# The Slurm tests start and stop their own clusters (tools/slurm/start_cluster.sh, stop_cluster.sh); without Slurm
+# they skip, naming the reason.
 if [ -f tools/slurm/install.sh ]; then
   say "Slurm (tools/slurm/install.sh)"
-  $SUDO bash tools/slurm/install.sh
-  if [ -f tools/slurm/start.sh ]; then
-    $SUDO bash tools/slurm/start.sh && slurm_started=1
-  fi
+  if [ -n "$SUDO" ]; then $SUDO bash tools/slurm/install.sh; else bash tools/slurm/install.sh; fi
 else
-  say "Slurm: tools/slurm/install.sh not present yet – Slurm tests will skip"
+  say "Slurm: tools/slurm/install.sh not on this branch yet – the Slurm tests will skip"
 fi
-stop_slurm() { if [ -n "$slurm_started" ] && [ -f tools/slurm/stop.sh ]; then $SUDO bash tools/slurm/stop.sh || true; fi; }
-trap stop_slurm EXIT
 # -------------------------------------------------------------------------------------------------------------------------
 
 say "Python packages"
