@@ -69,6 +69,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'nxpretrain.setup.data_dir_default': ('api/setup.html#data_dir_default', 'nxpretrain/setup.py'),
                                   'nxpretrain.setup.data_gaps': ('api/setup.html#data_gaps', 'nxpretrain/setup.py'),
                                   'nxpretrain.setup.devices': ('api/setup.html#devices', 'nxpretrain/setup.py'),
+                                  'nxpretrain.setup.gres_nodes': ('api/setup.html#gres_nodes', 'nxpretrain/setup.py'),
                                   'nxpretrain.setup.host_info': ('api/setup.html#host_info', 'nxpretrain/setup.py'),
                                   'nxpretrain.setup.machine_report': ('api/setup.html#machine_report', 'nxpretrain/setup.py'),
                                   'nxpretrain.setup.mount_of': ('api/setup.html#mount_of', 'nxpretrain/setup.py'),

@@ -15,7 +15,7 @@ from .clusters import profile
 __all__ = ['SHARED_FS', 'KEY_PACKAGES', 'Table', 'host_info', 'pkg_version', 'torch_build', 'neuron_info', 'backend_of', 'Device',
            'cuda_devices', 'devices', 'SlurmInfo', 'parse_sinfo', 'slurm_info', 'Mount', 'parse_mounts', 'mount_of',
            'storage_info', 'MachineReport', 'machine_report', 'report_table', 'recipe_needs', 'data_dir_default',
-           'data_gaps', 'recipe_gaps', 'readiness', 'report_text']
+           'data_gaps', 'gres_nodes', 'recipe_gaps', 'readiness', 'report_text']
 
 # %% ../nbs/api/03_setup.ipynb #191d6967
 @dataclass
@@ -317,6 +317,14 @@ def data_gaps(recipe: Recipe, data_dir=None) -> list[str]:
     return [f"data: {' and '.join(missing)} not prepared in {data_dir}/ (run 01_data)"] if missing else []
 
 # %% ../nbs/api/03_setup.ipynb #4b81e7c4
+def gres_nodes(s: SlurmInfo, gres: str) -> list[str]:
+    "Slurm nodes offering at least `gres` (e.g. gpu:8): sinfo shows `gpu:8`, `gpu:h100:8` or `gpu:8(S:0-1)`."
+    kind, count = gres.split(':')[0], int(gres.split(':')[-1])
+    def offers(g):
+        return any(item.split(':')[0] == kind and int(re.sub(r'\(.*', '', item).split(':')[-1] or 0) >= count
+                   for item in g.split(',') if item and re.sub(r'\(.*', '', item).split(':')[-1].isdigit())
+    return sorted({n['node'] for n in s.nodes if offers(n['gres'])})
+
 def _local_devices(r: MachineReport, backend: str) -> int:
     kind = {'nccl': 'cuda', 'xla': 'neuron', 'neuron': 'neuron'}.get(backend)
     return sum(d.kind == kind for d in r.devices) if kind else 0
@@ -335,6 +343,8 @@ def recipe_gaps(recipe: Recipe, report: MachineReport, data_dir=None) -> list[st
         if s.version is None: out.append(f"{want}; here {here} {_DEVICE_WORD[p.backend]} and no Slurm (no sinfo)")
         elif s.error: out.append(f"{want}; Slurm does not answer ({s.error})")
         elif len(s.node_names) < nodes: out.append(f"{want}; Slurm here has {len(s.node_names)} node{'s' * (len(s.node_names) != 1)}")
+        elif p.gres and (fit := len(gres_nodes(s, p.gres))) < nodes:
+            out.append(f"{want}; {fit} of the {len(s.node_names)} Slurm nodes offer --gres={p.gres}")
     return out + data_gaps(recipe, data_dir)
 
 # %% ../nbs/api/03_setup.ipynb #c4b2a215
