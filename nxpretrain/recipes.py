@@ -241,7 +241,8 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
     if m.n_heads % m.kv_heads: out.append(f"model.n_kv_heads={m.kv_heads} does not divide model.n_heads={m.n_heads}: each kv head must serve a whole group of query heads")
     if m.n_heads % p.tp: out.append(f"parallel.tp={p.tp} does not divide model.n_heads={m.n_heads}: use a TP that divides the heads")
     kv = m.kv_heads * p.kv_replicator
-    if p.tp > m.kv_heads and kv % p.tp:
+    if m.kv_heads == m.n_heads: pass          # no GQA: the heads check above covers it
+    elif p.tp > m.kv_heads and kv % p.tp:
         out.append(f"parallel.tp={p.tp} exceeds model.n_kv_heads={m.kv_heads}: set parallel.kv_replicator={p.tp // math.gcd(p.tp, m.kv_heads)} so replicated kv heads ({m.kv_heads}×K) divide TP")
     elif p.tp <= m.kv_heads and m.kv_heads % p.tp:
         out.append(f"parallel.tp={p.tp} does not divide model.n_kv_heads={m.kv_heads}: use a TP that divides the kv heads")
