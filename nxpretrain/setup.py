@@ -15,7 +15,7 @@ from .clusters import profile
 __all__ = ['SHARED_FS', 'KEY_PACKAGES', 'Table', 'host_info', 'pkg_version', 'torch_build', 'neuron_info', 'backend_of', 'Device',
            'cuda_devices', 'devices', 'SlurmInfo', 'parse_sinfo', 'slurm_info', 'Mount', 'parse_mounts', 'mount_of',
            'storage_info', 'MachineReport', 'machine_report', 'report_table', 'recipe_needs', 'data_dir_default',
-           'data_gaps', 'gres_nodes', 'recipe_gaps', 'readiness', 'report_text']
+           'tokenizer_ready', 'corpus_ready', 'data_gaps', 'gres_nodes', 'recipe_gaps', 'readiness', 'report_text']
 
 # %% ../nbs/api/03_setup.ipynb #191d6967
 @dataclass
@@ -287,7 +287,7 @@ def versions(self: MachineReport) -> Table:
     "Versions of the key packages."
     return Table(['package', 'version'], [[p, v or 'not installed'] for p, v in self.packages.items()])
 
-# %% ../nbs/api/03_setup.ipynb #96751436
+# %% ../nbs/api/03_setup.ipynb #afb717c0
 _BACKEND_NEEDS = {'gloo': None, 'nccl': 'cuda', 'xla': 'xla', 'neuron': 'neuron'}
 _BACKEND_SOFTWARE = {'cuda': 'a CUDA build of torch', 'xla': 'torch-neuronx + torch-xla (trn1 XLA path, AWS Neuron index)',
                      'neuron': 'TorchNeuron (torch-neuronx, AWS Neuron index)'}
@@ -300,21 +300,33 @@ def recipe_needs(recipe: Recipe) -> str:
     via = ' via Slurm' if n > 1 else ''
     return f"{n} × {p.name} ({world_size(recipe)} {_DEVICE_WORD[p.backend]}, {p.device_gib:g} GiB each, {p.backend}){via}"
 
-# %% ../nbs/api/03_setup.ipynb #74ac5d26
-def data_dir_default() -> Path: return Path(os.environ.get('NXPRETRAIN_DATA', 'data'))
+# %% ../nbs/api/03_setup.ipynb #96751436
+_NEEDS_NOTHING = 'demo'  # corpus and tokenizer built offline on first use
 
-def _prepared(name: str, data_dir: Path, suffixes=('',)) -> bool:
-    "Whether `name` is a path that exists, or something called `name*` lies in `data_dir` or `data_dir/tokenizers`."
-    if os.sep in name or name.startswith('.'):
-        return all(Path(name + s).exists() for s in suffixes)
-    return any(glob.glob(str(d / glob.escape(name)) + '*') for d in (data_dir, data_dir / 'tokenizers'))
+def data_dir_default() -> Path: return Path(os.environ.get('NXPRETRAIN_DATA', 'runs/data'))
 
+def _is_path(name: str) -> bool: return os.sep in name or name.startswith('.') or name.endswith(('.json', '.model', '.txt'))
+
+def tokenizer_ready(name: str, root: Path) -> bool:
+    "Whether tokenizer `name` (demo, gpt2, llama3, another name, or a path) can be loaded from `root` without a download."
+    if name == _NEEDS_NOTHING: return True
+    if _is_path(name): return Path(name.split(':', 1)[-1]).exists()
+    return {'gpt2': (root / 'gpt2' / 'vocab.json').exists(), 'llama3': (root / 'llama3' / 'tokenizer.json').exists()}.get(
+        name, (root / name).exists())
+
+def corpus_ready(name: str, root: Path) -> bool:
+    "Whether corpus `name` (a catalog name or a .bin/.idx path prefix) has a prepared .idx under `root`."
+    if name == _NEEDS_NOTHING: return True
+    if _is_path(name): return Path(name + '.idx').exists() and Path(name + '.bin').exists()
+    return any((root / name).glob('**/*.idx'))
+
+# %% ../nbs/api/03_setup.ipynb #968e73ba
 def data_gaps(recipe: Recipe, data_dir=None) -> list[str]:
     "The tokenizer and corpora of `recipe` that are not prepared yet, as one line (none when all are ready)."
-    d, data_dir = recipe.data, Path(data_dir) if data_dir else data_dir_default()
-    missing = [] if _prepared(d.tokenizer, data_dir) else [f"tokenizer {d.tokenizer!r}"]
-    missing += [f"corpus {c!r}" for c in (d.blend[1::2] if d.blend else [d.corpus]) if not _prepared(c, data_dir, ('.bin', '.idx'))]
-    return [f"data: {' and '.join(missing)} not prepared in {data_dir}/ (run 01_data)"] if missing else []
+    d, root = recipe.data, Path(data_dir) if data_dir else data_dir_default()
+    missing = [] if tokenizer_ready(d.tokenizer, root) else [f"tokenizer {d.tokenizer!r}"]
+    missing += [f"corpus {c!r}" for c in (d.blend[1::2] if d.blend else [d.corpus]) if not corpus_ready(c, root)]
+    return [f"data: {' and '.join(missing)} not prepared in {root}/ (run 01_data)"] if missing else []
 
 # %% ../nbs/api/03_setup.ipynb #4b81e7c4
 def gres_nodes(s: SlurmInfo, gres: str) -> list[str]:

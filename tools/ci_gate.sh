@@ -10,6 +10,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+# Every step, and every process it starts (papermill kernels, test subprocesses), imports this checkout's package.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(clean sync readme nbtest pytest)
 declare -a results=()

@@ -95,10 +95,31 @@ def nbdev_config() -> dict:
     return tomllib.loads((ROOT / 'pyproject.toml').read_text()).get('tool', {}).get('nbdev', {})
 
 
-def process(nbs: Path, workers: int) -> Path:
-    "nbdev's show_doc rendering of every notebook into _proc/ (never tries to install Quarto)."
-    from nbdev.serve import proc_nbs
-    return Path(proc_nbs(str(nbs), n_workers=workers))
+def process(nbs: Path, workers: int) -> tuple[Path, dict]:
+    """nbdev's show_doc rendering of every notebook into _proc/ (like nbdev-proc-nbs, which would try to install Quarto).
+    Returns the folder and {notebook: error} for those nbdev could not render."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+    from nbdev.serve import _proc_file
+    # Render this checkout's package, not another one an editable install points to (the workers inherit the variable).
+    os.environ['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get('PYTHONPATH')]))
+    sys.path.insert(0, str(ROOT))
+    cache = ROOT / '_proc'
+    jobs = [j for src in notebooks(nbs) if (j := _proc_file(src, cache, nbs))]  # skips notebooks rendered since their last edit
+    import nbdev.serve_drv
+    errors = {}
+    with ProcessPoolExecutor(max(1, workers), mp_context=multiprocessing.get_context('spawn')) as pool:
+        for job, fut in [(j, pool.submit(nbdev.serve_drv.main, j)) for j in jobs]:
+            try: fut.result()
+            except Exception as e: errors[job[0]] = f'{type(e).__name__}: {e}'[:3000]
+    for src in errors: (cache / src.relative_to(nbs)).unlink(missing_ok=True)  # never keep a stale rendering
+    return cache, errors
+
+
+def source_notebook(nb: dict) -> dict:
+    "A notebook nbdev could not render, shown as it is: hidden cells dropped, no show_doc."
+    keep = [c for c in nb['cells'] if not re.search(r'^#\|\s*hide\b', ''.join(c['source']), re.M)]
+    return {**nb, 'cells': keep}
 
 
 def build(out: Path, workers: int = 2) -> Path:
@@ -106,15 +127,17 @@ def build(out: Path, workers: int = 2) -> Path:
     nbs = ROOT / nbdev_config().get('nbs_path', 'nbs')
     sources = notebooks(nbs)
     if not sources: fail(f'no notebooks under {nbs}')
-    proc = process(nbs, workers)
+    proc, errors = process(nbs, workers)
     shutil.rmtree(STAGING, ignore_errors=True)
     pages: dict[str, list] = {}
     for src in sources:
         rel = src.relative_to(nbs)
-        done = proc / rel
-        if not done.exists(): fail(f'{src.relative_to(ROOT)}: nbdev did not process it (look for its error above)')
-        try: nb = plain_notebook(json.loads(done.read_text()), src)
-        except (ValueError, KeyError) as e: fail(f'{src.relative_to(ROOT)}: cannot read the processed notebook ({e})')
+        done = proc / rel if src not in errors else None
+        if done is not None and not done.exists():
+            errors[src] = f'nbdev left no rendering in {done}'
+            done = None
+        try: nb = plain_notebook(json.loads(done.read_text()) if done else source_notebook(json.loads(src.read_text())), src)
+        except (ValueError, KeyError) as e: fail(f'{src.relative_to(ROOT)}: cannot read the notebook ({e})')
         dest = STAGING / 'src' / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(json.dumps(nb, indent=1))
@@ -127,6 +150,13 @@ def build(out: Path, workers: int = 2) -> Path:
     if r.returncode: fail(f'mkdocs build failed:\n{r.stderr or r.stdout}')
     missing = [str(rel) for _, items in pages.items() for _, rel in items if not (out / Path(rel).with_suffix('.html')).exists()]
     if missing: fail(f'pages missing from {out}: {", ".join(missing)}')
+    if errors:
+        for src, err in errors.items():
+            print(f'docs: {src.relative_to(ROOT)}: nbdev could not render its API reference; the page shows the notebook '
+                  f'without it.\n{err}\n', file=sys.stderr)
+        fail(f'{len(errors)} notebook(s) failed to render: {", ".join(str(p.relative_to(ROOT)) for p in errors)}. nbdev runs '
+             'their import, export and show_doc cells while rendering (not the others): a cell that mixes imports with '
+             'other code runs without the cells before it – put imports in a cell of their own.')
     print(f'docs: {sum(map(len, pages.values()))} pages from {len(sources)} notebooks → {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} '
           f'in {time.perf_counter() - t0:.1f} s')
     return out
