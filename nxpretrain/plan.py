@@ -110,7 +110,7 @@ def communication_seconds(r: Recipe, dp: int) -> float:
     dp_bw = INTRA_NODE_GBS[prof.backend] if dp * p.tp * p.pp * p.cp <= prof.devices_per_node else inter
     return tp + (0.5 * grads * 2 * (dp - 1) / dp / (dp_bw * 1e9) if dp > 1 else 0.0)
 
-@dataclass
+@dataclass(repr=False)
 class Plan:
     recipe: Recipe
     world: int; dp: int; parameters: int; memory: Memory; device_gib: float
@@ -139,6 +139,7 @@ class Plan:
         return rows
 
     def __str__(self): w = max(len(k) for k, _ in self.rows()); return '\n'.join(f"{k:<{w}}  {v}" for k, v in self.rows())
+    __repr__ = __str__                                       # logs and papermill's text output show the table too
     def _repr_markdown_(self): return '| | |\n|---|---|\n' + '\n'.join(f"| {k} | {v} |" for k, v in self.rows())
 
 def _human(n: float) -> str:
