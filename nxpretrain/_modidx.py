@@ -943,6 +943,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                       'nxpretrain/train/trainer.py'),
                                           'nxpretrain.train.trainer.micro_batches': ( 'api/trainer.html#micro_batches',
                                                                                       'nxpretrain/train/trainer.py'),
+                                          'nxpretrain.train.trainer.one_rank_first': ( 'api/trainer.html#one_rank_first',
+                                                                                       'nxpretrain/train/trainer.py'),
                                           'nxpretrain.train.trainer.synthetic_datasets': ( 'api/trainer.html#synthetic_datasets',
                                                                                            'nxpretrain/train/trainer.py'),
                                           'nxpretrain.train.trainer.train': ('api/trainer.html#train', 'nxpretrain/train/trainer.py'),

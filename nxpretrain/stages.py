@@ -23,10 +23,12 @@ def load_recipe(model: str, overrides=(), max_steps: int | None = None, world: i
 
 # %% ../nbs/api/07_stages.ipynb #fa095840
 def where_to_train(r: Recipe, cluster: str = '') -> tuple[str, str]:
-    "('local' | 'submit' | 'stop', reason) for recipe `r` and the `cluster` the user gave ('' = none)."
+    "('local' | 'torchrun' | 'submit' | 'stop', reason) for recipe `r` and the `cluster` the user gave ('' = none)."
     if cluster: return 'submit', f"submitting to Slurm ({cluster})"
     prof = profile(r.cluster.profile)
-    if prof.name == 'local' and r.cluster.nodes == 1: return 'local', 'sized for this machine: training here'
+    if prof.backend == 'gloo' and r.cluster.nodes == 1:
+        if prof.devices_per_node == 1: return 'local', 'sized for this machine: training here, in this process'
+        return 'torchrun', f"sized for this machine: training here with torchrun, {prof.devices_per_node} processes"
     return 'stop', (f"{r.name} needs {r.cluster.nodes} × {prof.name} ({r.cluster.nodes * prof.devices_per_node} {prof.backend} devices) "
                     f"and no cluster was given: run this notebook on the cluster's head node with -p cluster <partition>, "
                     f"or pick a CPU recipe (gpt3_tiny, llama3_tiny) to train here")
@@ -52,6 +54,11 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     if profile(r.cluster.profile).backend == 'xla':   # trn1: legacy XLA, run through NxD Training (compile first: 03_compile)
         job = export_nxdt(r, where, cluster or None)['train']
     else: job = make_job(r, cluster or None, where)  # checks the recipe against the cluster, quotes every value
+    if action == 'torchrun':                          # several processes on this machine: the job's own torchrun, no Slurm
+        from nxpretrain.launch.job import run_local
+        done = run_local(job)
+        if done.returncode: raise RuntimeError(f"training with torchrun failed (exit {done.returncode}); log: {done.log}")
+        return job
     print(f"\nThe job {'submitted' if action == 'submit' else 'it would submit'} ({job.script_path}):\n")
     print(job)
     if action == 'stop': return job

@@ -11,8 +11,8 @@ from ..recipes import Recipe, RecipeError, padded_vocab, validate, to_dict
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_REQUEUE', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'TrainingError',
-           'SyntheticTokens', 'synthetic_datasets', 'build_datasets', 'micro_batches', 'TrainResult', 'StopFlag',
-           'train_step', 'evaluate_loss', 'train']
+           'SyntheticTokens', 'synthetic_datasets', 'one_rank_first', 'build_datasets', 'micro_batches', 'TrainResult',
+           'StopFlag', 'train_step', 'evaluate_loss', 'train']
 
 # %% ../../nbs/api/43_trainer.ipynb #625aac2e
 EXIT_OK = 0
@@ -44,13 +44,27 @@ def synthetic_datasets(recipe: Recipe, num_samples: int):
     return tuple(SyntheticTokens(m.vocab_size, m.seq_len, n, s + k) for k, n in enumerate((num_samples, 1024, 1024)))
 
 # %% ../../nbs/api/43_trainer.ipynb #708c79fd
+def one_rank_first(fn):
+    "Run `fn` on global rank 0, then on each other node's local rank 0, then on the remaining ranks; return its result."
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1: return fn()
+    rank, local = dist.get_rank(), int(os.environ.get('LOCAL_RANK', 0))
+    out = None
+    for turn in (rank == 0, rank != 0 and local == 0, rank != 0 and local != 0):
+        if turn: out = fn()
+        dist.barrier()
+    return out
+
+# %% ../../nbs/api/43_trainer.ipynb #3b3b5f5c
 def build_datasets(recipe: Recipe, num_samples: int, data_root: str = 'runs/data'):
     "(train, valid, test) datasets with items `{'tokens', 'labels'}` for `recipe`."
     if recipe.data.corpus == 'synthetic': return synthetic_datasets(recipe, num_samples)
     from nxpretrain.data.prepare import ensure_dataset
     from nxpretrain.data.gpt_dataset import build_gpt_datasets
-    prefix = ensure_dataset(recipe.data, root=data_root)
-    return build_gpt_datasets(prefix, recipe.model.seq_len, recipe.data.split, recipe.trainer.seed, (num_samples, None, None))
+    def build():
+        prefix = ensure_dataset(recipe.data, root=data_root)
+        return build_gpt_datasets(prefix, recipe.model.seq_len, recipe.data.split, recipe.trainer.seed, (num_samples, None, None))
+    return one_rank_first(build)
 
 # %% ../../nbs/api/43_trainer.ipynb #76b1a09e
 def micro_batches(dataset, consumed: int, global_batch: int, micro_batch: int, dp_rank: int = 0, dp: int = 1):
