@@ -61,6 +61,9 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         return job
     print(f"\nThe job {'submitted' if action == 'submit' else 'it would submit'} ({job.script_path}):\n")
     print(job)
+    if profile(r.cluster.profile).backend == 'xla':
+        print(f"\n{where / 'train.sh'} (what srun runs on every node; NxD Training config: {job.recipe_path}):\n")
+        print((where / 'train.sh').read_text())
     if action == 'stop': return job
     job_id = submit(job)
     print(f"\nsubmitted as Slurm job {job_id}: follow it with 05_monitor (papermill nbs/05_monitor.ipynb runs/monitor.ipynb -p job {job_id})")
