@@ -4,7 +4,7 @@
 
 # %% ../nbs/api/00_recipes.ipynb #e1493b01
 from __future__ import annotations
-import dataclasses, typing, math, copy
+import dataclasses, typing, math, copy, re
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
@@ -236,6 +236,8 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
     for key in ('parallel.tp', 'parallel.pp', 'parallel.cp', 'parallel.virtual_pp', 'data.micro_batch', 'data.global_batch',
                 'model.n_layers', 'model.hidden', 'model.n_heads', 'model.seq_len', 'trainer.max_steps'):
         if recipe_value(recipe, key) < 1: out.append(f"{key}={recipe_value(recipe, key)}: must be ≥ 1")
+    if not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9_.-]*', recipe.name):   # it names run folders and Slurm jobs
+        out.append(f"name={recipe.name!r}: use letters, digits, '_', '.', '-' only (it becomes a folder and a job name)")
     if out: return out
     if m.hidden % m.n_heads: out.append(f"model.hidden={m.hidden} is not divisible by model.n_heads={m.n_heads}: pick heads that divide the hidden size")
     if m.n_heads % m.kv_heads: out.append(f"model.n_kv_heads={m.kv_heads} does not divide model.n_heads={m.n_heads}: each kv head must serve a whole group of query heads")
