@@ -62,7 +62,11 @@ def build_datasets(recipe: Recipe, num_samples: int, data_root: str = 'runs/data
     from nxpretrain.data.prepare import ensure_dataset
     from nxpretrain.data.gpt_dataset import build_gpt_datasets
     def build():
-        prefix = ensure_dataset(recipe.data, root=data_root)
+        if recipe.data.blend:   # [weight, prefix, ...]: megatron-core's blending needs the sample count of every split used
+            from nxpretrain.data.gpt_dataset import build_blended_gpt_datasets
+            valid = max(recipe.trainer.eval_steps, 1) * recipe.data.global_batch
+            return build_blended_gpt_datasets(recipe.data.blend, recipe.model.seq_len, recipe.data.split, recipe.trainer.seed, (num_samples, valid, valid))
+        prefix = ensure_dataset(recipe.data, root=data_root, vocab_size=recipe.model.vocab_size)   # ids ≥ vocab fail here, not in the embedding
         return build_gpt_datasets(prefix, recipe.model.seq_len, recipe.data.split, recipe.trainer.seed, (num_samples, None, None))
     return one_rank_first(build)
 
