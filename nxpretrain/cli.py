@@ -39,8 +39,7 @@ def _setup(a):
 def _compile(a):
     from nxpretrain.stages import load_recipe
     from nxpretrain.launch.compile import compile_stage
-    report = compile_stage(load_recipe(a.model, a.overrides), a.cluster or None, a.out)
-    print(report)
+    report = compile_stage(load_recipe(a.model, a.overrides), a.cluster or None, a.out)   # prints its own report
     if not report.ok: sys.exit(1)
 
 def _jobs(a):
@@ -65,7 +64,7 @@ def _evaluate(a):
     print(perplexity(a.checkpoint, steps=a.steps))
     if a.prompt:
         model, r = load_model(a.checkpoint)
-        print(sample_text(model, get_tokenizer(r.data.tokenizer), a.prompt, a.max_new_tokens))
+        print(sample_text(model, get_tokenizer(r.data.tokenizer), a.prompt, a.max_new_tokens, greedy=False, top_k=50))
 
 def _export_hf(a):
     from nxpretrain.train.hf import export_hf
