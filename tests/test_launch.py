@@ -3,7 +3,7 @@ adversarial values to the ranks as text."""
 import json, subprocess, sys
 from pathlib import Path
 import pytest
-from nxpretrain.recipes import CATALOG
+from nxpretrain.recipes import CATALOG, RecipeError
 from nxpretrain.launch.job import make_job, make_array_job, run_local
 from nxpretrain.launch.nxdt import export_nxdt
 
@@ -25,7 +25,10 @@ EVIL = ["$(touch {p})", "`touch {p}`", "'; touch {p}; '", '"; touch {p}; "', "x\
 
 def test_local_mode_passes_values_as_text(tmp_path):
     pwned = tmp_path / 'pwned'
-    overrides = [f"name={EVIL[0].format(p=pwned)}"] + [f"notes={e.format(p=pwned)}" for e in EVIL[1:]]
+    # a recipe name becomes a folder and a job name: metacharacters there are refused before anything is written
+    with pytest.raises(RecipeError, match="name="): make_job('gpt3_tiny', 'local', tmp_path / 'bad', overrides=[f"name={EVIL[0].format(p=pwned)}"])
+    assert not (tmp_path / 'bad').exists()
+    overrides = [f"source={EVIL[0].format(p=pwned)}"] + [f"notes={e.format(p=pwned)}" for e in EVIL[1:]]
     dump = tmp_path / 'dump.py'
     dump.write_text("import sys, json, os, pathlib\npathlib.Path(os.environ['DUMP']).write_text(json.dumps(sys.argv[1:]))\n")
     job = make_job('gpt3_tiny', 'local', tmp_path / 'job', overrides=overrides, entry=str(dump))

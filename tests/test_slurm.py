@@ -88,11 +88,11 @@ def test_submit_status_tail_cancel(one_node, tmp_path):
 
 
 def test_quoting_adversarial(one_node, tmp_path):
-    "Shell metacharacters in a recipe name or an override reach the trainer as text and never run a command."
+    "Shell metacharacters in overrides reach the trainer as text and never run a command (recipe names refuse them)."
     pwned = tmp_path / 'pwned'
     evil = [f"$(touch {pwned})", f"`touch {pwned}`", f"'; touch {pwned}; '", f'"; touch {pwned}; "', f"x\ntouch {pwned}",
             f"a && touch {pwned} || b", f"| touch {pwned}", "$HOME * ? [a] ~ {a,b} \\ %x %j"]
-    overrides = [f"name={evil[0]}"] + [f"{k}={v}" for k, v in zip(['data.corpus', 'data.tokenizer', 'notes', 'source'], evil[1:5])]
+    overrides = [f"notes={evil[0]}"] + [f"{k}={v}" for k, v in zip(['data.corpus', 'data.tokenizer', 'notes', 'source'], evil[1:5])]
     for i, v in enumerate(evil[5:]): overrides.append(f"notes={v}")
     job = make_job('gpt3_tiny', 'ci', tmp_path / 'job', overrides=overrides, entry=_script(tmp_path, 'dump.py', ARGV_DUMP))
     s = wait(submit(job), timeout=120)
