@@ -18,11 +18,12 @@ def _env(**extra):
     return env
 
 
-def launch(out: Path, *extra, env=None, torchrun: int = 0) -> subprocess.Popen:
-    "Start a training process (or a torchrun job of `torchrun` workers) writing to `out`; its output goes to `out/console.txt`."
+def launch(out: Path, *extra, env=None, torchrun: int = 0, script: Path | None = None) -> subprocess.Popen:
+    """Start a training process (or a torchrun job of `torchrun` workers) writing to `out`; its output goes to `out/console.txt`.
+    `script`: a Python file to run instead of `-m nxpretrain.train.entry` (it must run the entry itself)."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = ([sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}'] if torchrun else [sys.executable])
-    cmd += ['-m', 'nxpretrain.train.entry', *RECIPE, '--out-dir', str(out), *extra]
+    cmd += [*([str(script)] if script else ['-m', 'nxpretrain.train.entry']), *RECIPE, '--out-dir', str(out), *extra]
     log = open(out / 'console.txt', 'a')
     return subprocess.Popen(cmd, cwd=ROOT, env=env or _env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -77,10 +78,24 @@ def test_kill9_at_random_steps_resumes_identically(tmp_path, reference, seed, ex
     assert_same_curve(tmp_path, reference)
 
 
+PAUSED_SAVE = """
+import runpy, sys, time
+import nxpretrain.train.checkpoint as ck
+finish = ck._finish
+def paused(d, *args, **kwargs):
+    if ck.checkpoint_step(d) == 6: time.sleep(60)   # step 6: every shard is on disk, the marker is not; the test kills us here
+    return finish(d, *args, **kwargs)
+ck._finish = paused
+runpy.run_module('nxpretrain.train.entry', run_name='__main__', alter_sys=True)
+"""
+
+
 def test_kill9_during_save_keeps_previous_checkpoint(tmp_path, reference):
-    from nxpretrain.train.checkpoint import PAUSE_ENV, MARKER, latest_checkpoint
+    from nxpretrain.train.checkpoint import MARKER, latest_checkpoint
+    script, tmp_path = tmp_path / 'paused_save.py', tmp_path / 'run'
+    script.write_text(PAUSED_SAVE)
     ck = tmp_path / RUN / 'checkpoints'
-    p = launch(tmp_path, env=_env(**{PAUSE_ENV: '6:60'}))  # step 6's save stops just before its marker
+    p = launch(tmp_path, script=script)
     wait_for(lambda: (ck / 'step_6' / '.done_rank0.json').exists(), p, what='the shards of step 6')
     os.killpg(p.pid, signal.SIGKILL); p.wait()
     assert not (ck / 'step_6' / MARKER).exists()
@@ -98,7 +113,7 @@ def test_corrupted_checkpoint_is_named_and_skipped(tmp_path, reference):
     b = bytearray(shard.read_bytes()); b[len(b) // 2] ^= 0x01; shard.write_bytes(bytes(b))
     assert finish(launch(tmp_path)) == 0, console(tmp_path)  # the newest checkpoint is bad: redo the last two steps
     c = console(tmp_path)
-    assert f'{shard}: CRC-32 mismatch' in c and 'resumed from ' + str(ck / f'step_{STEPS - 2}') in c, c
+    assert f'{shard}: CRC-32C mismatch' in c and 'resumed from ' + str(ck / f'step_{STEPS - 2}') in c, c
     assert_same_curve(tmp_path, reference)
 
 

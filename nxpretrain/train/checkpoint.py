@@ -4,13 +4,15 @@
 
 # %% ../../nbs/api/41_checkpoint.ipynb #6d14d4d4
 from __future__ import annotations
-import contextlib, json, os, pickle, shutil, threading, time, warnings, zlib
+import contextlib, io, json, os, pickle, shutil, threading, time, warnings
+import crc32c
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MARKER', 'TRAINER_STATE', 'PAUSE_ENV', 'CheckpointError', 'step_dir', 'checkpoint_step', 'crc_file',
+__all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'CheckpointError', 'step_dir', 'checkpoint_step', 'crc_file',
            'verify_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world', 'barrier',
-           'broadcast_object', 'rng_state', 'set_rng_state', 'Checkpointer', 'load_weights']
+           'broadcast_object', 'rng_state', 'set_rng_state', 'Checkpointer', 'ChecksummedFile', 'shard_writer',
+           'load_weights']
 
 # %% ../../nbs/api/41_checkpoint.ipynb #c7ee9ec9
 MARKER = 'COMPLETE'              # written last: its presence means every shard is on disk
@@ -27,11 +29,13 @@ def checkpoint_step(path) -> int | None:
     return int(name[5:]) if name.startswith('step_') and name[5:].isdigit() else None
 
 # %% ../../nbs/api/41_checkpoint.ipynb #ed87dfa7
+CHECKSUM = 'crc32c'
+
 def crc_file(path, block: int = 8 << 20) -> int:
-    "CRC-32 of a file's bytes."
+    "CRC-32C of a file's bytes."
     crc = 0
     with open(path, 'rb') as f:
-        while chunk := f.read(block): crc = zlib.crc32(chunk, crc)
+        while chunk := f.read(block): crc = crc32c.crc32c(chunk, crc)
     return crc
 
 def _write_atomic(path, text: str):
@@ -56,7 +60,7 @@ def verify_checkpoint(path, deep: bool = True) -> dict:
         f = path / name
         if not f.exists(): raise CheckpointError(f"{f}: missing file of a complete checkpoint; the checkpoint is corrupted")
         if f.stat().st_size != size: raise CheckpointError(f"{f}: {f.stat().st_size} bytes, the manifest says {size} (truncated or overwritten); the checkpoint is corrupted")
-        if deep and crc is not None and crc_file(f) != crc: raise CheckpointError(f"{f}: CRC-32 mismatch with the manifest (bytes changed on disk); the checkpoint is corrupted")
+        if deep and crc is not None and crc_file(f) != crc: raise CheckpointError(f"{f}: CRC-32C mismatch with the manifest (bytes changed on disk); the checkpoint is corrupted")
     return manifest
 
 # %% ../../nbs/api/41_checkpoint.ipynb #b1fceac6
@@ -137,33 +141,93 @@ def set_rng_state(states: dict):
 # %% ../../nbs/api/41_checkpoint.ipynb #eb7da0a1
 class Checkpointer:
     "Save and load sharded checkpoints under `root` (`step_<N>` folders), atomically."
-    def __init__(self, root, keep_last: int = 2, async_save: bool = False, log=print, timeout_s: float = 1800, checksum: bool = True):
+    def __init__(self, root, keep_last: int = 2, async_save: bool = False, log=print, timeout_s: float = 1800):
         self.root, self.keep_last, self.async_save, self.log, self.timeout_s = Path(root), keep_last, async_save, log, timeout_s
-        self.checksum = checksum    # CRC-32 of every file in the manifest (False: sizes only, no read-back after writing)
         self._thread, self._error, self.last_saved, self.blocked_s, self._staged, self._staged_event = None, None, None, [], None, None
+        self._pruning = None        # deleting old checkpoints runs beside training: the next save or `wait` joins it
         # async DCP collectives run beside training's: give them their own gloo group
         self._pg = _dist().new_group(backend='gloo') if async_save and world() > 1 else None
 
 # %% ../../nbs/api/41_checkpoint.ipynb #1932a682
-def _report_rank_files(d: Path, r: int, checksum: bool = True):
-    files = {p.name: [p.stat().st_size, crc_file(p) if checksum else None] for p in d.iterdir()
-             if p.name.startswith(f'__{r}_') or p.name == f'rng_rank{r}.safetensors'}
-    _write_atomic(d / f'.done_rank{r}.json', json.dumps(files))
+class ChecksummedFile(io.RawIOBase):
+    "A write-only file that keeps the size and CRC-32C of everything written to it; small writes are gathered, large ones go straight from the caller's memory."
+    SMALL = 1 << 16
+    def __init__(self, path):
+        super().__init__()
+        self.fd, self.size, self.crc, self._small = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 0, 0, bytearray()
+    def writable(self): return True
+    def tell(self): return self.size
+    def fileno(self): return self.fd
+    def _out(self, view):
+        done = 0
+        while done < len(view): done += os.write(self.fd, view[done:])
+        self.crc = crc32c.crc32c(view, self.crc)
+    def write(self, b) -> int:
+        view = memoryview(b).cast('B')
+        if len(view) < self.SMALL: self._small += view   # torch.save's zip headers and pickles: thousands of tiny writes
+        else:
+            self.flush(); self._out(view)
+        self.size += len(view)
+        return len(view)
+    def flush(self):
+        if self._small: self._out(memoryview(self._small)); self._small = bytearray()
+    def sync(self): self.flush(); os.fsync(self.fd)
+    def close(self):
+        if not self.closed: self.flush(); os.close(self.fd)
+        super().close()
 
-PAUSE_ENV = 'NXPRETRAIN_PAUSE_BEFORE_MARKER'  # "<step>:<seconds>": fault injection for the kill-during-save test
+def _without_zip_crc():
+    "Switch off `torch.save`'s per-record CRC while we write (ours covers every byte); torch < 2.6 has no switch."
+    try:
+        from torch.utils.serialization import config
+        return config.patch({'save.compute_crc32': False})
+    except (ImportError, AttributeError, KeyError): return contextlib.nullcontext()
 
-def _finish(d: Path, n_ranks: int, timeout_s: float, checksum: bool = True) -> dict:
+# %% ../../nbs/api/41_checkpoint.ipynb #493e4b20
+def shard_writer(path):
+    "A DCP storage writer for folder `path`: one fsync'ed file per rank, CRC-32C computed while writing (`writer.files`)."
+    import torch
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.planner import WriteItemType
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
+    class ShardWriter(FileSystemWriter):
+        files: dict = {}            # {file name: [size, crc32c]} of what this rank wrote
+        def write_data(self, plan, planner):
+            name = f'{plan.storage_data.prefix}0.distcp'
+            results, f = [], ChecksummedFile(os.path.join(self.path, name))
+            try:
+                with _without_zip_crc():
+                    for item in sorted(plan.items, key=lambda i: i.type != WriteItemType.BYTE_IO):
+                        data, offset = planner.resolve_data(item), f.tell()
+                        if item.type == WriteItemType.BYTE_IO: f.write(data.getbuffer())
+                        else: torch.save(data.detach().cpu(), f)
+                        results.append(WriteResult(index=item.index, size_in_bytes=f.tell() - offset,
+                                                   storage_data=_StorageInfo(name, offset, f.tell() - offset)))
+                f.sync()
+                self.files = {name: [f.size, f.crc]}
+            finally: f.close()
+            fut = Future(); fut.set_result(results)
+            return fut
+    return ShardWriter(str(path), sync_files=True)
+
+# %% ../../nbs/api/41_checkpoint.ipynb #e01e3f14
+def _report_rank_files(d: Path, r: int, shard_files: dict):
+    rng = d / f'rng_rank{r}.safetensors'
+    _write_atomic(d / f'.done_rank{r}.json', json.dumps({**shard_files, rng.name: [rng.stat().st_size, crc_file(rng)]}))
+
+def _finish(d: Path, n_ranks: int, timeout_s: float) -> dict:
     "Rank 0: gather every rank's report, write the manifest marker last."
     t0, files = time.time(), {}
-    if (p := os.environ.get(PAUSE_ENV)) and int(p.split(':')[0]) == checkpoint_step(d): time.sleep(float(p.split(':')[1]))
     for r in range(n_ranks):
         f = d / f'.done_rank{r}.json'
         while not f.exists():
             if time.time() - t0 > timeout_s: raise CheckpointError(f"{d}: rank {r} did not finish writing within {timeout_s:.0f} s; the checkpoint stays partial")
             time.sleep(0.05)
         files.update(json.loads(f.read_text()))
-    for name in ('.metadata', TRAINER_STATE): files[name] = [(d / name).stat().st_size, crc_file(d / name) if checksum else None]
-    manifest = dict(step=checkpoint_step(d), world=n_ranks, time=time.time(), files=files)
+    for name in ('.metadata', TRAINER_STATE): files[name] = [(d / name).stat().st_size, crc_file(d / name)]
+    manifest = dict(step=checkpoint_step(d), world=n_ranks, time=time.time(), checksum=CHECKSUM, files=files)
     _write_atomic(d / MARKER, json.dumps(manifest, indent=1))
     return manifest
 
@@ -191,13 +255,6 @@ def _stage(state, staged=None):
         return state.detach().clone()
     return state
 
-class _Staged:
-    "DCP async stager for a state that `_stage` already copied: nothing more to copy."
-    should_synchronize_after_execute = False
-    def stage(self, state_dict): return state_dict
-    def synchronize_staging(self): pass
-    def close(self): pass
-
 # %% ../../nbs/api/41_checkpoint.ipynb #4493a789
 from fastcore.basics import patch
 
@@ -215,24 +272,26 @@ def save(self: Checkpointer, step: int, state: dict, trainer_state: dict) -> Pat
         d.mkdir(parents=True)
         _write_atomic(d / TRAINER_STATE, json.dumps(trainer_state, indent=1))
     barrier()
-    save_file(rng_state(), str(d / f'rng_rank{r}.safetensors'))
-    def finish():
-        _report_rank_files(d, r, self.checksum)
+    save_file(rng_state(), str(rng := d / f'rng_rank{r}.safetensors'))
+    with open(rng, 'rb') as f: os.fsync(f.fileno())   # on disk before the marker names it
+    def write(state, pg=None):
+        writer = shard_writer(d)
+        with _quiet(): dcp.save(state, storage_writer=writer, process_group=pg, no_dist=_dist() is None)
+        _report_rank_files(d, r, writer.files)
         if r == 0:
-            _finish(d, n, self.timeout_s, self.checksum); _prune(self.root, self.keep_last, self.log)
+            _finish(d, n, self.timeout_s)
+            self._pruning = threading.Thread(target=_prune, args=(self.root, self.keep_last, self.log), name='checkpoint-prune', daemon=True)
+            self._pruning.start()
     if self.async_save:
         staged = self._staged_event = threading.Event()
         def background():
             try:
                 self._staged = _stage(state, self._staged); staged.set()
-                with _quiet(): dcp.save(self._staged, storage_writer=dcp.FileSystemWriter(str(d), sync_files=True), process_group=self._pg, no_dist=_dist() is None)
-                finish()
+                write(self._staged, self._pg)
             except BaseException as e: self._error = e
             finally: staged.set()
         self._thread = threading.Thread(target=background, name=f'checkpoint-{step}', daemon=True); self._thread.start()
-    else:
-        with _quiet(): dcp.save(state, storage_writer=dcp.FileSystemWriter(str(d), sync_files=True), no_dist=_dist() is None)
-        finish()
+    else: write(state)
     self.last_saved = d
     self.blocked_s.append(time.perf_counter() - t0)
     return d
@@ -246,8 +305,9 @@ def wait_staged(self: Checkpointer):
 
 @patch
 def wait(self: Checkpointer):
-    "Finish the save in flight, if any; re-raise its error."
+    "Finish the save in flight and the pruning after it, if any; re-raise the save's error."
     if self._thread is not None: self._thread.join(); self._thread = None
+    if self._pruning is not None: self._pruning.join(); self._pruning = None
     if self._error is not None:
         e, self._error = self._error, None
         raise CheckpointError(f"saving {self.last_saved} failed: {e}") from e
