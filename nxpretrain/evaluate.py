@@ -31,7 +31,7 @@ def perplexity(checkpoint, steps: int = 10, recipe: Recipe | None = None, datase
     model, r = load_model(checkpoint, recipe)
     ds = dataset if dataset is not None else build_datasets(r, r.data.global_batch)[1]
     if ds is None: raise ValueError(f"{checkpoint}: the recipe's data split {r.data.split!r} has no validation part; pass dataset=")
-    out = evaluate_loss(model, ds, r.data.micro_batch, steps, torch.device('cpu'))
+    out = evaluate_loss(model, ds, r.data.micro_batch, steps * r.data.micro_batch, torch.device('cpu'))
     return dict(out, tokens=steps * r.data.micro_batch * r.model.seq_len)
 
 # %% ../nbs/api/61_evaluate.ipynb #0a47dfbe

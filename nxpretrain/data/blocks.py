@@ -10,7 +10,8 @@ from .corpus import DataError
 from .indexed import IndexedDataset
 
 # %% auto #0
-__all__ = ['HDF5_KEYS', 'BlockDataset', 'mask_tokens', 'BertDataset', 'BertHDF5Dataset', 'write_bert_hdf5']
+__all__ = ['HDF5_KEYS', 'BERT_SPECIAL', 'BlockDataset', 'mask_tokens', 'BertDataset', 'BertHDF5Dataset', 'write_bert_hdf5',
+           'bert_special_ids', 'bert_hdf5_shards', 'build_bert_datasets']
 
 # %% ../../nbs/api/16_blocks_bert.ipynb #91e96181
 class BlockDataset:
@@ -45,10 +46,12 @@ def mask_tokens(ids: np.ndarray, special: np.ndarray, rng: np.random.RandomState
 class BertDataset:
     "MLM + NSP samples over a (WordPiece-tokenized) indexed dataset."
     def __init__(self, prefix: str, seq_len: int, cls_id: int, sep_id: int, mask_id: int, pad_id: int, vocab_size: int,
-                 seed: int = 1234, max_predictions: int = 20):
+                 seed: int = 1234, max_predictions: int = 20,
+                 part: tuple = (0.0, 1.0)):   # the fraction of the documents this dataset uses: train/valid/test splits by document
         self.data = IndexedDataset(prefix)
-        self.docs = np.flatnonzero(np.asarray(self.data.lengths) >= 4)
-        if len(self.docs) < 2: raise DataError(f'{prefix}: BERT samples need at least two documents of 4+ tokens')
+        docs = np.flatnonzero(np.asarray(self.data.lengths) >= 4)
+        self.docs = docs[int(round(part[0] * len(docs))):int(round(part[1] * len(docs)))]
+        if len(self.docs) < 2: raise DataError(f'{prefix}: BERT samples need at least two documents of 4+ tokens in documents {part[0]:.3f}–{part[1]:.3f}; use more data or a larger split share')
         self.seq_len, self.ids, self.vocab_size, self.seed, self.max_pred = seq_len, (cls_id, sep_id, mask_id, pad_id), vocab_size, seed, max_predictions
     def __len__(self): return len(self.docs)
 
@@ -115,3 +118,34 @@ def write_bert_hdf5(path: str | Path, samples, max_predictions: int = 20) -> Pat
     with h5py.File(path, 'w') as f:
         for k, v in rows.items(): f.create_dataset(k, data=np.asarray(v, np.int32 if k != 'next_sentence_labels' else np.int8))
     return Path(path)
+
+# %% ../../nbs/api/16_blocks_bert.ipynb #d78ed062
+BERT_SPECIAL = ('[CLS]', '[SEP]', '[MASK]', '[PAD]')
+
+def bert_special_ids(tokenizer, vocab_size: int) -> tuple[int, int, int, int]:
+    "(cls, sep, mask, pad) ids for BERT samples of `tokenizer`'s tokens, in a model vocabulary of `vocab_size`."
+    vocab = tokenizer.tok.get_vocab() if hasattr(tokenizer, 'tok') else {}
+    if all(t in vocab for t in BERT_SPECIAL): return tuple(vocab[t] for t in BERT_SPECIAL)
+    n = tokenizer.vocab_size
+    if vocab_size < n + 4:
+        raise DataError(f"model.vocab_size={vocab_size}: tokenizer {tokenizer.name!r} has {n} tokens and no {'/'.join(BERT_SPECIAL)}; "
+                        f"BERT needs 4 more ids for them: set model.vocab_size={n + 4}")
+    return (n, n + 1, n + 2, n + 3)
+
+def bert_hdf5_shards(source) -> list[Path]:
+    "The seed-3 HDF5 shards `source` names (a folder of them or one file); [] when it is something else."
+    src = Path(source)
+    if src.is_dir(): return sorted(src.glob('*.hdf5')) + sorted(src.glob('*.h5'))
+    return [src] if src.suffix in ('.hdf5', '.h5') and src.exists() else []
+
+def build_bert_datasets(source: str, seq_len: int, split: str, seed: int, special: tuple | None = None, vocab_size: int | None = None) -> tuple:
+    """(train, valid, test) BERT datasets (None where a split is empty) from seed-3 HDF5 shards (a folder or a file), split
+    by sample, or from an indexed prefix (`special` = (cls, sep, mask, pad) ids), split by document."""
+    from nxpretrain.data.gpt_dataset import parse_split, split_ranges
+    if shards := bert_hdf5_shards(source):
+        import torch.utils.data as tud
+        whole = tud.ConcatDataset([BertHDF5Dataset(p) for p in shards])
+        return tuple(None if r is None else tud.Subset(whole, range(*r)) for r in split_ranges(split, len(whole)))
+    ends = np.cumsum([0.0] + parse_split(split))
+    return tuple(None if hi - lo <= 0 else BertDataset(source, seq_len, *special, vocab_size, seed=seed, part=(lo, hi))
+                 for lo, hi in zip(ends, ends[1:]))

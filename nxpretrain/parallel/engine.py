@@ -20,8 +20,8 @@ from .zero import all_reduce_grads, all_reduce_coalesced, Zero1Optimizer, local
 # %% auto #0
 __all__ = ['CHECKPOINT_KINDS', 'IGNORE_INDEX', 'pipeline_stages', 'split_stage', 'replicate_kv_heads', 'kv_replicated_params',
            'sum_kv_replica_grads', 'unreplicate_kv', 'tp_plan', 'apply_tp', 'add_positions_hook', 'checkpoint_module',
-           'apply_activation_checkpointing', 'token_loss_sum', 'dp_shard', 'ParallelModel', 'param_groups',
-           'parallelize']
+           'apply_activation_checkpointing', 'token_loss_sum', 'pretraining_loss', 'dp_shard', 'ParallelModel',
+           'param_groups', 'parallelize']
 
 # %% ../../nbs/api/34_engine.ipynb #313b7edc
 def pipeline_stages(n_layers: int, n_stages: int, cuts: list | None = None) -> list[list[int]]:
@@ -153,6 +153,15 @@ def token_loss_sum(logits, labels, ignore_index: int = IGNORE_INDEX):
     loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index, reduction='sum')
     return loss.to_local() if isinstance(loss, DTensor) else loss   # a replicated scalar: plain from here on (adds to BERT's NSP loss)
 
+def pretraining_loss(out, labels, n_tokens: float, n_seqs: float, nsp_labels=None, ignore_index: int = IGNORE_INDEX):
+    """This micro-batch's share of the step's loss: LM cross-entropy summed over non-ignored tokens ÷ `n_tokens` (the step's
+    count over every micro-batch and DP rank); for BERT's (MLM, NSP) outputs plus the NSP cross-entropy ÷ `n_seqs`."""
+    if isinstance(out, tuple):
+        mlm, nsp = out
+        nsp = nsp.full_tensor() if isinstance(nsp, DTensor) else nsp
+        return token_loss_sum(mlm, labels, ignore_index) / n_tokens + F.cross_entropy(nsp.float(), nsp_labels, reduction='sum') / n_seqs
+    return token_loss_sum(out, labels, ignore_index) / n_tokens
+
 def dp_shard(batch: torch.Tensor, state: ParallelState | None = None) -> torch.Tensor:
     "This DP rank's rows of a global batch (B, …)."
     state = state or get_state()
@@ -211,11 +220,7 @@ def _global_count(pm: ParallelModel, labels: torch.Tensor) -> float:
 
 def _loss_fn(pm: ParallelModel):
     "Loss of one micro-batch, normalised by the global counts: LM cross-entropy; for BERT's (MLM, NSP) outputs MLM + NSP."
-    def fn(out, labels, nsp_labels=None):
-        if isinstance(out, tuple):
-            mlm, nsp = out
-            return token_loss_sum(mlm, labels, pm.ignore_index) / pm._count + F.cross_entropy(nsp.float(), nsp_labels, reduction='sum') / pm._n_seqs
-        return token_loss_sum(out, labels, pm.ignore_index) / pm._count
+    def fn(out, labels, nsp_labels=None): return pretraining_loss(out, labels, pm._count, pm._n_seqs, nsp_labels, pm.ignore_index)
     return fn
 
 def _forward_backward(self: ParallelModel, tokens: torch.Tensor, labels: torch.Tensor, nsp_labels=None, **inputs) -> float:
@@ -313,14 +318,15 @@ def param_groups(named_params, weight_decay: float) -> list[dict]:
     return [{'params': [p for n, p in named if p.ndim >= 2], 'weight_decay': weight_decay},
             {'params': [p for n, p in named if p.ndim < 2], 'weight_decay': 0.0}]
 
-def _build_optimizer(self: ParallelModel, optim=None) -> torch.optim.Optimizer:
-    "AdamW from `optim` (default: the recipe's), state sharded over DP×CP when `parallel.zero1`."
-    o = optim or self.recipe.optim
-    if o.name != 'adamw': raise RecipeError(f"optim.name={o.name!r}: the parallel engine builds adamw; build {o.name} over pm.parameters() yourself")
-    kw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, foreach=False)
+def _build_optimizer(self: ParallelModel, optim_cls=None, **kwargs) -> torch.optim.Optimizer:
+    """`optim_cls(**kwargs)` over this rank's parameters (default: AdamW with the recipe's settings), its state sharded over
+    DP×CP when `parallel.zero1`. The optimizer works on the DTensor parameters, so per-tensor quantities (LAMB's trust
+    ratio) see whole tensors."""
+    o = self.recipe.optim
+    if optim_cls is None: optim_cls, kwargs = torch.optim.AdamW, dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, foreach=False)
     groups = param_groups(self.named_parameters(), o.weight_decay)
-    if self.par.zero1 and self.dp_cp_group is not None: return Zero1Optimizer(groups, self.dp_cp_group, torch.optim.AdamW, **kw)
-    return torch.optim.AdamW(groups, **kw)
+    if self.par.zero1 and self.dp_cp_group is not None: return Zero1Optimizer(groups, self.dp_cp_group, optim_cls, **kwargs)
+    return optim_cls(groups, **kwargs)
 
 ParallelModel.build_optimizer = _build_optimizer
 

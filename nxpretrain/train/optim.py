@@ -9,7 +9,7 @@ import torch
 from ..recipes import OptimConfig
 
 # %% auto #0
-__all__ = ['lr_at', 'Lamb', 'param_groups', 'build_optimizer', 'clip_grads', 'param_norm']
+__all__ = ['lr_at', 'Lamb', 'param_groups', 'optimizer_spec', 'build_optimizer', 'clip_grads', 'param_norm']
 
 # %% ../../nbs/api/40_optim.ipynb #2f2e5e04
 def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
@@ -23,8 +23,13 @@ def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
     return o.min_lr + (o.lr - o.min_lr) * 0.5 * (1 + math.cos(math.pi * p))
 
 # %% ../../nbs/api/40_optim.ipynb #5e39d82e
+def _whole_norm(t) -> float:
+    "L2 norm of a whole tensor: a DTensor's (TP or FSDP shard) is reduced over its mesh."
+    n = torch.linalg.vector_norm(t)
+    return float(n.full_tensor() if hasattr(n, 'full_tensor') else n)
+
 class Lamb(torch.optim.Optimizer):
-    "LAMB: Adam moments, per-tensor trust ratio ‖w‖/‖update‖."
+    "LAMB: Adam moments, per-tensor trust ratio ‖w‖/‖update‖ (of the whole tensor when parameters are sharded DTensors)."
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
@@ -41,9 +46,9 @@ class Lamb(torch.optim.Optimizer):
                 st['exp_avg'].lerp_(p.grad, 1 - b1); st['exp_avg_sq'].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
                 update = (st['exp_avg'] / (1 - b1 ** t)) / ((st['exp_avg_sq'] / (1 - b2 ** t)).sqrt() + g['eps'])
                 if g['weight_decay']: update.add_(p, alpha=g['weight_decay'])
-                w_norm, u_norm = p.norm(), update.norm()
-                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                p.add_(update * trust, alpha=-g['lr'])
+                w_norm, u_norm = _whole_norm(p), _whole_norm(update)
+                trust = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+                p.add_(update, alpha=-g['lr'] * trust)
         return loss
 
 # %% ../../nbs/api/40_optim.ipynb #57c513fa
@@ -58,11 +63,15 @@ def _fused_ok(model) -> bool:
     p = next(model.parameters())
     return p.device.type in _get_fused_kernels_supported_devices() and type(p.data) is torch.Tensor
 
+def optimizer_spec(optim: OptimConfig, **adamw_flags) -> tuple[type, dict]:
+    "(class, keyword arguments) of the recipe's optimizer; `adamw_flags` (fused, foreach) go to AdamW only."
+    kw = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps)
+    return (Lamb, kw) if optim.name == 'lamb' else (torch.optim.AdamW, {**kw, **adamw_flags})
+
 def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
     "AdamW or LAMB for `model` from the recipe's optim section (lr is set each step by the schedule)."
-    groups = param_groups(model, optim.weight_decay)
-    if optim.name == 'lamb': return Lamb(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, **({'fused': True} if _fused_ok(model) else {}))
+    cls, kw = optimizer_spec(optim, **({'fused': True} if _fused_ok(model) else {}))
+    return cls(param_groups(model, optim.weight_decay), **kw)
 
 # %% ../../nbs/api/40_optim.ipynb #99e2fb09
 def _norm(tensors, groups=()) -> torch.Tensor:

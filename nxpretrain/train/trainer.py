@@ -11,8 +11,8 @@ from ..recipes import Recipe, RecipeError, padded_vocab, validate, to_dict
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_REQUEUE', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'TrainingError',
-           'SyntheticTokens', 'synthetic_datasets', 'one_rank_first', 'build_datasets', 'micro_batches', 'TrainResult',
-           'StopFlag', 'train_step', 'evaluate_loss', 'train']
+           'SyntheticTokens', 'synthetic_datasets', 'one_rank_first', 'build_datasets', 'micro_batches', 'model_inputs',
+           'TrainResult', 'StopFlag', 'train_step', 'evaluate_loss', 'train']
 
 # %% ../../nbs/api/43_trainer.ipynb #625aac2e
 EXIT_OK = 0
@@ -56,9 +56,21 @@ def one_rank_first(fn):
     return out
 
 # %% ../../nbs/api/43_trainer.ipynb #3b3b5f5c
+def _bert_datasets(recipe: Recipe, data_root: str):
+    "BERT MLM + NSP datasets: the seed's HDF5 shards as they are, or samples made from the indexed corpus."
+    from nxpretrain.data.blocks import bert_hdf5_shards, bert_special_ids, build_bert_datasets
+    from nxpretrain.data.prepare import ensure_dataset
+    from nxpretrain.data.tokenizers import get_tokenizer
+    d, m = recipe.data, recipe.model
+    if bert_hdf5_shards(d.corpus): return build_bert_datasets(d.corpus, m.seq_len, d.split, recipe.trainer.seed)
+    special = bert_special_ids(get_tokenizer(d.tokenizer, data_root), m.vocab_size)   # before the corpus is tokenised
+    prefix = ensure_dataset(d, root=data_root, vocab_size=m.vocab_size)
+    return build_bert_datasets(prefix, m.seq_len, d.split, recipe.trainer.seed, special, m.vocab_size)
+
 def build_datasets(recipe: Recipe, num_samples: int, data_root: str = 'runs/data'):
-    "(train, valid, test) datasets with items `{'tokens', 'labels'}` for `recipe`."
+    "(train, valid, test) datasets for `recipe`: items `{'tokens', 'labels'}`, or BERT's (see `model_inputs`)."
     if recipe.data.corpus == 'synthetic': return synthetic_datasets(recipe, num_samples)
+    if recipe.model.arch == 'bert': return one_rank_first(lambda: _bert_datasets(recipe, data_root))
     from nxpretrain.data.prepare import ensure_dataset
     from nxpretrain.data.gpt_dataset import build_gpt_datasets
     def build():
@@ -78,6 +90,14 @@ def micro_batches(dataset, consumed: int, global_batch: int, micro_batch: int, d
     for ids in sample_ids(consumed + global_batch, consumed, micro_batch, dp_rank, dp):
         items = [dataset[i % len(dataset)] for i in ids]
         yield {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in items[0]}
+
+def model_inputs(batch: dict, device=None) -> tuple:
+    """(tokens, labels, NSP labels or None, other model inputs) of a batch: GPT/Llama items `{'tokens', 'labels'}`, or BERT's
+    `{'input_ids', 'labels', 'token_type_ids', 'attention_mask', 'next_sentence_label'}`; moved to `device` when given."""
+    to = (lambda t: t.to(device)) if device is not None else (lambda t: t)
+    if 'input_ids' not in batch: return to(batch['tokens']), to(batch['labels']), None, {}
+    return (to(batch['input_ids']), to(batch['labels']), to(batch['next_sentence_label']),
+            {'token_types': to(batch['token_type_ids']), 'attention_mask': to(batch['attention_mask'])})
 
 # %% ../../nbs/api/43_trainer.ipynb #7f18a535
 @dataclass
@@ -144,39 +164,50 @@ def _autocast_dtype(recipe: Recipe, device, log=print):
     return torch.bfloat16
 
 # %% ../../nbs/api/43_trainer.ipynb #22160d64
-def _loss(model, batch, device, autocast_dtype):
-    import torch, torch.nn.functional as F
-    tokens, labels = batch['tokens'].to(device), batch['labels'].to(device)
+def _forward(model, batch, device, autocast_dtype):
+    "(model output, labels, NSP labels) of one micro batch."
+    import torch
+    tokens, labels, nsp, kw = model_inputs(batch, device)
     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        logits = model(tokens)
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+        return model(tokens, **kw), labels, nsp
 
 def train_step(model, batches: list, device, autocast=None, max_norm: float = 0.0, grad_groups=()) -> tuple[float, "torch.Tensor"]:
     "Forward/backward over this rank's micro `batches`; (mean loss, total grad norm before clipping). Gradients stay in place."
     from nxpretrain.train.optim import clip_grads
+    from nxpretrain.parallel.engine import pretraining_loss, IGNORE_INDEX
+    n_tokens = sum(int((b['labels'] != IGNORE_INDEX).sum()) for b in batches)
+    n_seqs = sum(len(b['labels']) for b in batches)
     total = 0.0
-    for i, b in enumerate(batches):
-        loss = _loss(model, b, device, autocast) / len(batches)
+    for b in batches:
+        out, labels, nsp = _forward(model, b, device, autocast)
+        loss = pretraining_loss(out, labels, max(n_tokens, 1), n_seqs, nsp)
         loss.backward()
         total += loss.item()
     return total, clip_grads(list(model.parameters()), max_norm, grad_groups)
 
 # %% ../../nbs/api/43_trainer.ipynb #722e0c19
-def evaluate_loss(model, dataset, micro_batch: int, steps: int, device, autocast=None, dp_rank: int = 0, dp: int = 1, dp_group=None, tp: int = 1) -> dict:
-    "{'loss', 'perplexity'} of `model` on the first `steps`·`micro_batch`·`dp` samples of `dataset`."
-    import torch, contextlib
+def evaluate_loss(model, dataset, micro_batch: int, samples: int, device, autocast=None, dp_rank: int = 0, dp: int = 1, dp_group=None, tp: int = 1) -> dict:
+    "{'loss', 'perplexity'} (and BERT's 'nsp_loss', 'nsp_accuracy') of `model` on the first `samples` samples of `dataset` (a multiple of `micro_batch`·`dp`)."
+    import torch, contextlib, torch.nn.functional as F
     from torch.distributed.tensor.parallel import loss_parallel
+    from nxpretrain.parallel.engine import token_loss_sum, IGNORE_INDEX
     was_training = model.training; model.eval()
-    total = torch.zeros(2, dtype=torch.float64)
+    sums = torch.zeros(5, dtype=torch.float64)   # token loss, tokens, NSP loss, NSP correct, sequences
     with torch.no_grad(), (loss_parallel() if tp > 1 else contextlib.nullcontext()):  # TP: vocabulary-sharded logits
-        for b in micro_batches(dataset, 0, micro_batch * steps * dp, micro_batch, dp_rank, dp):
-            loss = _loss(model, b, device, autocast)
-            total += torch.tensor([(loss.full_tensor() if hasattr(loss, 'full_tensor') else loss).item(), 1.0], dtype=torch.float64)
+        for b in micro_batches(dataset, 0, samples, micro_batch, dp_rank, dp):
+            out, labels, nsp = _forward(model, b, device, autocast)
+            logits = out[0] if isinstance(out, tuple) else out
+            sums[0] += token_loss_sum(logits, labels).item(); sums[1] += (labels != IGNORE_INDEX).sum().item()
+            if nsp is not None:
+                nl = out[1].full_tensor() if hasattr(out[1], 'full_tensor') else out[1]
+                sums[2:] += torch.tensor([F.cross_entropy(nl.float(), nsp, reduction='sum').item(), (nl.argmax(-1) == nsp).sum().item(), len(nsp)], dtype=torch.float64)
     if dp > 1:
-        import torch.distributed as dist; dist.all_reduce(total, group=dp_group)
+        import torch.distributed as dist; dist.all_reduce(sums, group=dp_group)
     model.train(was_training)
-    loss = (total[0] / total[1]).item()
-    return {'loss': loss, 'perplexity': math.exp(min(loss, 50))}
+    loss = (sums[0] / sums[1].clamp(min=1)).item()
+    out = {'loss': loss, 'perplexity': math.exp(min(loss, 50))}
+    if sums[4] > 0: out.update(nsp_loss=(sums[2] / sums[4]).item(), nsp_accuracy=(sums[3] / sums[4]).item())
+    return out
 
 # %% ../../nbs/api/43_trainer.ipynb #0eacf35e
 _told = set()
@@ -261,13 +292,14 @@ def _start(recipe: Recipe, run_dir: Path, device, st, dp, log, resume_from, weig
     "Model, optimizer, checkpointer and the resumed trainer state (or None)."
     import torch
     from nxpretrain.models import build_model
-    from nxpretrain.train.optim import build_optimizer
+    from nxpretrain.train.optim import build_optimizer, optimizer_spec
     from nxpretrain.train.checkpoint import Checkpointer, load_weights, rank
     tr = recipe.trainer
     torch.manual_seed(tr.seed)
     model = _wrap(build_model(recipe.model, padded_vocab(recipe.model, recipe.parallel.tp)).to(device), recipe, st)
-    # the engine's AdamW knows ZeRO-1; LAMB (and AdamW in one process) come from train.optim
-    optimizer = model.build_optimizer() if hasattr(model, 'build_optimizer') and recipe.optim.name == 'adamw' else build_optimizer(model, recipe.optim)
+    if hasattr(model, 'build_optimizer'):   # the engine shards its state (ZeRO-1)
+        cls, kw = optimizer_spec(recipe.optim, foreach=False); optimizer = model.build_optimizer(cls, **kw)
+    else: optimizer = build_optimizer(model, recipe.optim)
     torch.manual_seed(tr.seed + 1 + rank())  # each rank its own dropout stream; a resume restores it from the checkpoint
     ck = Checkpointer(run_dir / 'checkpoints', tr.keep_last, async_save, log=log)
     resumed = None
@@ -318,7 +350,8 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
             for g in optimizer.param_groups: g['lr'] = lr
             batches = list(micro_batches(train_ds, consumed, d.global_batch, d.micro_batch, dp_rank, dp))
             if hasattr(model, 'forward_backward'):  # parallel engine: global mean loss, gradients reduced over every group
-                loss = model.forward_backward(torch.cat([b['tokens'] for b in batches]).to(device), torch.cat([b['labels'] for b in batches]).to(device))
+                tokens, labels, nsp, kw = model_inputs({k: torch.cat([b[k] for b in batches]) for k in batches[0]}, device)
+                loss = model.forward_backward(tokens, labels, **({'nsp_labels': nsp} if nsp is not None else {}), **kw)
                 gnorm = torch.tensor(model.clip_grad_norm_(recipe.optim.clip_grad))
             else: loss, gnorm = train_step(model, batches, device, autocast, recipe.optim.clip_grad, grad_groups)
             time_due = tr.save_every_minutes > 0 and time.time() - last_save >= 60 * tr.save_every_minutes
@@ -349,10 +382,12 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
                 win_time, win_steps = 0.0, 0
             else: scalars.write(step, loss=loss, lr=lr)
             if tr.eval_every and step % tr.eval_every == 0 and tr.eval_steps and valid_ds is not None and _can_evaluate(model, log):
-                res.eval = evaluate_loss(model.parts[0] if hasattr(model, 'parts') else model, valid_ds, d.micro_batch, tr.eval_steps, device, autocast,
+                res.eval = evaluate_loss(model.parts[0] if hasattr(model, 'parts') else model, valid_ds, d.micro_batch, tr.eval_steps * d.global_batch, device, autocast,
                                          dp_rank, dp, st.group('dp') if st else None, tp=st.tp if st else 1)
-                log(f"step {step} | validation loss {res.eval['loss']:.4f} | perplexity {res.eval['perplexity']:.2f}")
-                scalars.write(step, val_loss=res.eval['loss'], val_ppl=res.eval['perplexity'])
+                log(f"step {step} | validation loss {res.eval['loss']:.4f} | perplexity {res.eval['perplexity']:.2f}"
+                    + (f" | NSP loss {res.eval['nsp_loss']:.4f} | NSP accuracy {res.eval['nsp_accuracy']:.3f}" if 'nsp_accuracy' in res.eval else ''))
+                scalars.write(step, val_loss=res.eval['loss'], val_ppl=res.eval['perplexity'],
+                              **({'val_nsp_loss': res.eval['nsp_loss'], 'val_nsp_accuracy': res.eval['nsp_accuracy']} if 'nsp_accuracy' in res.eval else {}))
             signalled = flags[1].item() > 0
             if (tr.save_every and step % tr.save_every == 0) or flags[2].item() > 0 or signalled or (step == max_steps and (tr.save_every or tr.save_every_minutes)):
                 state = dict(step=step, consumed_samples=consumed, skipped_steps=skipped, loss=loss, lr=lr, world=n_world,
