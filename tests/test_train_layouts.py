@@ -34,7 +34,15 @@ def single(tmp_path_factory):
 
 
 def test_dp2_matches_single_process(tmp_path, single):
-    close(dist_train(layout(dp=2), tmp_path, STEPS).losses, single.losses)
+    got = dist_train(layout(dp=2), tmp_path, STEPS)
+    close(got.losses, single.losses); close([got.eval['loss']], [single.eval['loss']])
+
+
+@pytest.mark.parametrize('lay', [dict(pp=2), dict(cp=2), dict(tp=2, cp=2)], ids=['pp2', 'cp2', 'tp2_cp2'])
+def test_training_and_validation_equal_single_process(tmp_path, single, lay):
+    "Validation runs on the layout itself (pipeline forward-only pass, ring attention) and gives the one-process figures."
+    got = dist_train(layout(**lay), tmp_path, STEPS, world=math.prod(lay.values()))
+    close(got.losses, single.losses); close([got.eval['loss'], got.eval['perplexity']], [single.eval['loss'], single.eval['perplexity']])
 
 
 def test_tp2_exact_resume_and_resume_onto_dp2(tmp_path, single):

@@ -257,6 +257,44 @@ def _local_value(loss) -> float:
 
 ParallelModel.forward_backward = _forward_backward
 
+# %% ../../nbs/api/34_engine.ipynb #e519e42a
+def _forward_only(schedule, *args, **kwargs):
+    "One pass of a pipeline schedule without backward (`eval()` of torch ≥ 2.8; the same switch by hand before)."
+    if hasattr(schedule, 'eval'): return schedule.eval(*args, **kwargs)
+    had, schedule._has_backward = schedule._has_backward, False
+    try: return schedule.step(*args, **kwargs)
+    finally: schedule._has_backward = had
+
+@torch.no_grad()
+def _evaluate_sums(self: ParallelModel, tokens: torch.Tensor, labels: torch.Tensor, nsp_labels=None, **inputs) -> torch.Tensor:
+    """(Σ token loss, predicted tokens, Σ NSP loss, NSP correct, sequences) in float64 over this step's batch of every DP
+    rank (this rank's part: (B_dp, S)), forward only; the same tensor on every rank."""
+    st, mb = self.state, self.recipe.data.micro_batch
+    if (nsp_labels is not None or inputs) and self.schedule is not None: raise ValueError("extra model inputs (BERT) need pp=1")
+    sums = torch.zeros(5, dtype=torch.float64)
+    tokens, labels = cp_shard(tokens, st.cp, st.rank('cp')), cp_shard(labels, st.cp, st.rank('cp'))
+    sums[1] = (labels != self.ignore_index).sum()
+    self._count = self._n_seqs = 1.0   # the schedule's loss function returns sums
+    with self.autocast(), (loss_parallel() if st.tp > 1 else contextlib.nullcontext()):
+        if self.schedule is not None:
+            losses = []
+            _forward_only(self.schedule, *([tokens] if self.first else []), target=labels if self.last else None, losses=losses)
+            if self.last: sums[0] = sum(_local_value(l) for l in losses)
+        else:
+            for i, (t, l) in enumerate(zip(tokens.split(mb), labels.split(mb))):
+                sl = slice(i * mb, (i + 1) * mb)
+                out = self.parts[0](t, **{k: v[sl] for k, v in inputs.items()})
+                sums[0] += _local_value(token_loss_sum(out[0] if isinstance(out, tuple) else out, l, self.ignore_index))
+                if nsp_labels is not None:
+                    nsp = out[1].full_tensor() if isinstance(out[1], DTensor) else out[1]
+                    sums[2:] += torch.tensor([F.cross_entropy(nsp.float(), nsp_labels[sl], reduction='sum').item(),
+                                              (nsp.argmax(-1) == nsp_labels[sl]).sum().item(), len(t)], dtype=torch.float64)
+    if not self.last or st.rank('tp') != 0: sums.zero_()
+    dist.all_reduce(sums)
+    return sums
+
+ParallelModel.evaluate_sums = _evaluate_sums
+
 # %% ../../nbs/api/34_engine.ipynb #98d45ce5
 def _tied_pp(self: ParallelModel) -> bool: return self.cfg.tie_embeddings and self.state.pp > 1
 

@@ -11,8 +11,8 @@ from ..recipes import Recipe, RecipeError, padded_vocab, validate, to_dict
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_REQUEUE', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'TrainingError',
-           'SyntheticTokens', 'synthetic_datasets', 'one_rank_first', 'build_datasets', 'micro_batches', 'model_inputs',
-           'TrainResult', 'StopFlag', 'train_step', 'evaluate_loss', 'train']
+           'SyntheticTokens', 'synthetic_datasets', 'one_rank_first', 'build_datasets', 'micro_batches', 'concat',
+           'model_inputs', 'TrainResult', 'StopFlag', 'train_step', 'evaluate_loss', 'train']
 
 # %% ../../nbs/api/43_trainer.ipynb #625aac2e
 EXIT_OK = 0
@@ -90,6 +90,12 @@ def micro_batches(dataset, consumed: int, global_batch: int, micro_batch: int, d
     for ids in sample_ids(consumed + global_batch, consumed, micro_batch, dp_rank, dp):
         items = [dataset[i % len(dataset)] for i in ids]
         yield {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in items[0]}
+
+def concat(batches) -> dict:
+    "One batch of this rank's micro batches (the parallel engine splits it again by `data.micro_batch`)."
+    import torch
+    batches = list(batches)
+    return {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
 
 def model_inputs(batch: dict, device=None) -> tuple:
     """(tokens, labels, NSP labels or None, other model inputs) of a batch: GPT/Llama items `{'tokens', 'labels'}`, or BERT's
@@ -191,8 +197,16 @@ def evaluate_loss(model, dataset, micro_batch: int, samples: int, device, autoca
     import torch, contextlib, torch.nn.functional as F
     from torch.distributed.tensor.parallel import loss_parallel
     from nxpretrain.parallel.engine import token_loss_sum, IGNORE_INDEX
-    was_training = model.training; model.eval()
     sums = torch.zeros(5, dtype=torch.float64)   # token loss, tokens, NSP loss, NSP correct, sequences
+    if hasattr(model, 'evaluate_sums'):   # the parallel engine: its own layout (pipeline, ring attention, TP), forward only
+        model.eval()
+        gb = model.recipe.data.global_batch   # a pipeline schedule takes whole steps
+        for start in range(0, samples, gb):
+            tokens, labels, nsp, kw = model_inputs(concat(micro_batches(dataset, start, gb, micro_batch, dp_rank, dp)), device)
+            sums += model.evaluate_sums(tokens, labels, **({'nsp_labels': nsp} if nsp is not None else {}), **kw)
+        model.train()
+        return _eval_summary(sums)
+    was_training = model.training; model.eval()
     with torch.no_grad(), (loss_parallel() if tp > 1 else contextlib.nullcontext()):  # TP: vocabulary-sharded logits
         for b in micro_batches(dataset, 0, samples, micro_batch, dp_rank, dp):
             out, labels, nsp = _forward(model, b, device, autocast)
@@ -204,18 +218,13 @@ def evaluate_loss(model, dataset, micro_batch: int, samples: int, device, autoca
     if dp > 1:
         import torch.distributed as dist; dist.all_reduce(sums, group=dp_group)
     model.train(was_training)
+    return _eval_summary(sums)
+
+def _eval_summary(sums) -> dict:
     loss = (sums[0] / sums[1].clamp(min=1)).item()
     out = {'loss': loss, 'perplexity': math.exp(min(loss, 50))}
     if sums[4] > 0: out.update(nsp_loss=(sums[2] / sums[4]).item(), nsp_accuracy=(sums[3] / sums[4]).item())
     return out
-
-# %% ../../nbs/api/43_trainer.ipynb #0eacf35e
-_told = set()
-def _can_evaluate(model, log) -> bool:
-    st = getattr(model, 'state', None)
-    if st is None or (st.pp == 1 and st.cp == 1): return True
-    if 'eval' not in _told: log("validation skipped: evaluating with pipeline or context parallelism is not supported yet (evaluate the checkpoint with nxpretrain.evaluate)"); _told.add('eval')
-    return False
 
 # %% ../../nbs/api/43_trainer.ipynb #9fab6941
 STEPS_FILE = 'steps.jsonl'
@@ -350,7 +359,7 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
             for g in optimizer.param_groups: g['lr'] = lr
             batches = list(micro_batches(train_ds, consumed, d.global_batch, d.micro_batch, dp_rank, dp))
             if hasattr(model, 'forward_backward'):  # parallel engine: global mean loss, gradients reduced over every group
-                tokens, labels, nsp, kw = model_inputs({k: torch.cat([b[k] for b in batches]) for k in batches[0]}, device)
+                tokens, labels, nsp, kw = model_inputs(concat(batches), device)
                 loss = model.forward_backward(tokens, labels, **({'nsp_labels': nsp} if nsp is not None else {}), **kw)
                 gnorm = torch.tensor(model.clip_grad_norm_(recipe.optim.clip_grad))
             else: loss, gnorm = train_step(model, batches, device, autocast, recipe.optim.clip_grad, grad_groups)
@@ -381,8 +390,8 @@ def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = No
                 scalars.write(step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps, mfu=mfu, consumed_samples=consumed, skipped_steps=skipped)
                 win_time, win_steps = 0.0, 0
             else: scalars.write(step, loss=loss, lr=lr)
-            if tr.eval_every and step % tr.eval_every == 0 and tr.eval_steps and valid_ds is not None and _can_evaluate(model, log):
-                res.eval = evaluate_loss(model.parts[0] if hasattr(model, 'parts') else model, valid_ds, d.micro_batch, tr.eval_steps * d.global_batch, device, autocast,
+            if tr.eval_every and step % tr.eval_every == 0 and tr.eval_steps and valid_ds is not None:
+                res.eval = evaluate_loss(model, valid_ds, d.micro_batch, tr.eval_steps * d.global_batch, device, autocast,
                                          dp_rank, dp, st.group('dp') if st else None, tp=st.tp if st else 1)
                 log(f"step {step} | validation loss {res.eval['loss']:.4f} | perplexity {res.eval['perplexity']:.2f}"
                     + (f" | NSP loss {res.eval['nsp_loss']:.4f} | NSP accuracy {res.eval['nsp_accuracy']:.3f}" if 'nsp_accuracy' in res.eval else ''))
