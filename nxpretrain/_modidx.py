@@ -462,6 +462,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                'nxpretrain/parallel/engine.py'),
                                             'nxpretrain.parallel.engine.ParallelModel.last': ( 'api/engine.html#parallelmodel.last',
                                                                                                'nxpretrain/parallel/engine.py'),
+                                            'nxpretrain.parallel.engine.ParallelModel.module': ( 'api/engine.html#parallelmodel.module',
+                                                                                                 'nxpretrain/parallel/engine.py'),
                                             'nxpretrain.parallel.engine.ParallelModel.named_parameters': ( 'api/engine.html#parallelmodel.named_parameters',
                                                                                                            'nxpretrain/parallel/engine.py'),
                                             'nxpretrain.parallel.engine.ParallelModel.par': ( 'api/engine.html#parallelmodel.par',

@@ -87,3 +87,18 @@ def test_async_save_dp2_resumes_exactly(tmp_path):
     half = dist_train(layout(dp=2), tmp_path / 'cut', HALF, async_save=True)
     rest = dist_train(layout(dp=2), tmp_path / 'cut', STEPS, async_save=True)
     assert rest.start_step == HALF and half.losses + rest.losses == full.losses
+
+
+def test_interleaved_pipeline_checkpoint_resumes_and_reshards(tmp_path):
+    "PP2 with two interleaved chunks per rank: its checkpoint holds every chunk under the whole model's names."
+    r = override(R, 'model.n_layers=4')
+    one = train(r, str(tmp_path / 'one'), STEPS, progress=False)
+    lay = override(r, 'parallel.pp=2', 'parallel.virtual_pp=2')
+    half = dist_train(lay, tmp_path / 'cut', HALF)
+    rest = dist_train(lay, tmp_path / 'cut', STEPS)
+    assert rest.start_step == HALF
+    close(half.losses + rest.losses, one.losses)
+    full = dist_train(lay, tmp_path / 'full', STEPS)
+    assert half.losses + rest.losses == full.losses   # bit for bit on the same layout
+    moved = train(r, str(tmp_path / 'moved'), STEPS, resume_from=half.last_checkpoint, progress=False)
+    close(moved.losses, one.losses[HALF:])            # resharded onto one process

@@ -205,6 +205,20 @@ class ParallelModel:
         return self
     def eval(self): return self.train(False)
 
+    @property
+    def module(self) -> nn.Module:
+        """All of this rank's parts as one module with the whole model's parameter names – what checkpoints save and load.
+        A view: it shares every submodule and parameter; with interleaved stages it holds each part's layers, and the
+        embeddings, final norm and head of whichever part has them."""
+        if len(self.parts) == 1: return self.parts[0]
+        view = copy.copy(self.parts[0])
+        view._modules = dict(view._modules)   # its own table of children; the children themselves are shared
+        blocks = sorted(((k, b) for part in self.parts for k, b in part.layers.items()), key=lambda kb: int(kb[0]))
+        view._modules['layers'] = nn.ModuleDict(blocks)
+        for name in ('tok_embeddings', 'pos_embeddings', 'norm', 'output'):
+            if (have := [part._modules[name] for part in self.parts if part._modules.get(name) is not None]): view._modules[name] = have[0]
+        return view
+
     def autocast(self):
         "bf16 autocast around forward (parameters and optimizer stay fp32) unless FSDP's mixed-precision policy already casts."
         if self.par.precision == 'bf16' and not self.fsdp:

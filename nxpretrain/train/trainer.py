@@ -156,9 +156,7 @@ def _wrap(model, recipe: Recipe, st):
     "Apply the recipe's layout to `model` through the parallel engine (a `ParallelModel`); unchanged in one process."
     if st is None or st.world == 1: return model
     from nxpretrain.parallel.engine import parallelize
-    pm = parallelize(model, recipe, st)
-    if len(pm.parts) > 1: raise RecipeError("parallel.virtual_pp>1: checkpoints of interleaved pipeline chunks are not supported yet; use virtual_pp=1")
-    return pm
+    return parallelize(model, recipe, st)
 
 # %% ../../nbs/api/43_trainer.ipynb #3c8c9ae7
 def _autocast_dtype(recipe: Recipe, device, log=print):
@@ -241,8 +239,8 @@ def _logger(path: Path | None):
     return log
 
 def _module(model):
-    "The `nn.Module` whose parameter names are the checkpoint's keys (a pipeline stage keeps the full model's names)."
-    return model.parts[0] if hasattr(model, 'parts') else model
+    "The `nn.Module` whose parameter names are the checkpoint's keys: the engine's view over this rank's stages, or the model."
+    return model.module if hasattr(model, 'parts') else model
 
 def _options():
     # flattened optimizer state: every entry keyed by parameter name ('state.layers.0.mlp.w1.weight.exp_avg',
