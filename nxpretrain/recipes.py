@@ -37,7 +37,7 @@ class ModelConfig:
     init_std: float = 0.02
     norm_eps: float = 1e-5
     type_vocab_size: int = 2           # bert only
-    make_vocab_size_divisible_by: int = 128  # Megatron/NeMo pad the embedding to a multiple of this times TP
+    make_vocab_size_divisible_by: int = 128  # the embedding is padded to a multiple of this (that TP divides)
 
     @property
     def kv_heads(self): return self.n_kv_heads or self.n_heads
@@ -207,8 +207,8 @@ def recipe_value(recipe, key: str):
 
 # %% ../nbs/api/00_recipes.ipynb #b2326562
 def padded_vocab(model: ModelConfig, tp: int = 1) -> int:
-    "Vocabulary size after Megatron-style padding for `tp` shards."
-    m = model.make_vocab_size_divisible_by * tp
+    "Embedding rows for `model`'s vocabulary: a multiple of `make_vocab_size_divisible_by` that `tp` divides."
+    m = math.lcm(model.make_vocab_size_divisible_by, tp)
     return -(-model.vocab_size // m) * m
 
 # %% ../nbs/api/00_recipes.ipynb #f81a1d67
