@@ -81,3 +81,29 @@ class Zero1Optimizer(torch.optim.Optimizer):
 
     def state_dict(self): return self.inner.state_dict()
     def load_state_dict(self, sd): self.inner.load_state_dict(sd)
+
+    def flat_state_dict(self, module: torch.nn.Module) -> dict:
+        """The state of the parameters this rank owns, flattened and keyed by `module`'s parameter names the way
+        `torch.distributed.checkpoint.state_dict` flattens an optimizer ('state.<name>.<key>', 'param_groups.<name>.<key>'),
+        so DCP saves and reshards it like any optimizer's. Before the first step a no-op step (lr 0, zero gradients) creates
+        the state, as the template a load fills in."""
+        names = {id(p): n for n, p in module.named_parameters()}
+        owned = [p for p, o in zip(self.all_params, self.owner) if o == self.rank]
+        if owned and not self.inner.state:
+            lrs = [g['lr'] for g in self.inner.param_groups]
+            for g in self.inner.param_groups: g['lr'] = 0.0
+            for p in owned: p.grad = torch.zeros_like(p)
+            self.inner.step()
+            for g, lr in zip(self.inner.param_groups, lrs): g['lr'] = lr
+            for p in owned: p.grad = None
+        out = {f'state.{names[id(p)]}.{k}': v for p in owned for k, v in self.inner.state[p].items()}
+        for g, inner in zip(self.param_groups, self.inner.param_groups):   # the inner group has every hyperparameter
+            hyper = {k: v for k, v in {**inner, **g}.items() if k != 'params'}
+            out.update({f'param_groups.{names[id(p)]}.{k}': v for p in g['params'] for k, v in hyper.items()})
+        return out
+
+    def load_flat_state_dict(self, sd: dict, module: torch.nn.Module):
+        "Take the hyperparameters of `sd` (a `flat_state_dict` that DCP filled); its state tensors were loaded in place."
+        names = {id(p): n for n, p in module.named_parameters()}
+        for g in self.param_groups:
+            g.update({k: sd[f'param_groups.{names[id(g["params"][0])]}.{k}'] for k in g if k != 'params'})

@@ -248,27 +248,9 @@ def _options():
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
-def _zero1_state(module, z) -> dict:
-    "The flattened optimizer state of a ZeRO-1 optimizer: the entries of the parameters this rank owns, named as DCP names them."
-    import torch
-    names = {id(p): n for n, p in module.named_parameters()}
-    owned = [p for p, o in zip(z.all_params, z.owner) if o == z.rank]
-    if owned and not z.inner.state:  # a template for loading: create the state with a no-op step
-        lrs = [g['lr'] for g in z.inner.param_groups]
-        for g in z.inner.param_groups: g['lr'] = 0.0
-        for p in owned: p.grad = torch.zeros_like(p)
-        z.inner.step()
-        for g, lr in zip(z.inner.param_groups, lrs): g['lr'] = lr
-        for p in owned: p.grad = None
-    out = {f'state.{names[id(p)]}.{k}': v for p in owned for k, v in z.inner.state[p].items()}
-    for g, inner in zip(z.param_groups, z.inner.param_groups):  # the inner optimizer's group has every hyperparameter
-        hyper = {k: v for k, v in {**inner, **g}.items() if k != 'params'}
-        out.update({f'param_groups.{names[id(p)]}.{k}': v for p in g['params'] for k, v in hyper.items()})
-    return out
-
 def _optim_state(module, optimizer) -> dict:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-    if type(optimizer).__name__ == 'Zero1Optimizer': return _zero1_state(module, optimizer)
+    if hasattr(optimizer, 'flat_state_dict'): return optimizer.flat_state_dict(module)   # ZeRO-1: the entries this rank owns
     return get_optimizer_state_dict(module, optimizer, options=_options())
 
 def _app_state(model, optimizer, saving: bool = False) -> dict:
@@ -287,10 +269,7 @@ def _restore(model, optimizer, state: dict):
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
     impl = [{k: g[k] for k in _IMPL_FLAGS if k in g} for g in optimizer.param_groups]
     set_model_state_dict(_module(model), state['model'], options=_options())
-    if type(optimizer).__name__ == 'Zero1Optimizer':  # tensors were loaded in place; hyperparameters by name
-        names = {id(p): n for n, p in _module(model).named_parameters()}
-        for g in optimizer.param_groups:
-            g.update({k: state['optim'][f'param_groups.{names[id(g["params"][0])]}.{k}'] for k in g if k != 'params'})
+    if hasattr(optimizer, 'load_flat_state_dict'): optimizer.load_flat_state_dict(state['optim'], _module(model))
     else: set_optimizer_state_dict(_module(model), optimizer, state['optim'], options=_options())
     for g, flags in zip(optimizer.param_groups, impl): g.update(flags)
 
