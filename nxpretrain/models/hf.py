@@ -9,7 +9,7 @@ import torch
 from ..recipes import ModelConfig, RecipeError, padded_vocab
 
 # %% auto #0
-__all__ = ['to_hf_config', 'from_hf_config', 'from_hf_state_dict', 'to_hf_state_dict', 'randomize_', 'max_rel_diff']
+__all__ = ['to_hf_config', 'from_hf_config', 'from_hf_state_dict', 'hf_tensors', 'to_hf_state_dict', 'randomize_', 'max_rel_diff']
 
 # %% ../../nbs/api/28_hf.ipynb #e94c8db0
 def to_hf_config(cfg: ModelConfig):
@@ -151,24 +151,28 @@ def from_hf_state_dict(cfg: ModelConfig, sd: dict, vocab_size: int | None = None
 # %% ../../nbs/api/28_hf.ipynb #92d6a7ef
 _WRAPPERS = re.compile(r'(_orig_mod\.|_checkpoint_wrapped_module\.|_fsdp_wrapped_module\.)')
 
+def hf_tensors(cfg: ModelConfig, take, has):
+    """(HF key, tensor) of every tensor of the HF model, one at a time, so a caller can write each and let it go:
+    `take(key)` gives our tensor `key` (of the unsharded model), `has(key)` whether there is one."""
+    for ours, theirs, kind in _pairs(cfg):
+        if ours == 'output.weight' and cfg.tie_embeddings and not has(ours): ours = 'tok_embeddings.weight'
+        t = take(ours)
+        t = (t.t() if kind == 'T' else t[:cfg.vocab_size] if kind == 'vocab' else t).contiguous()
+        yield theirs, t
+        if cfg.arch == 'bert' and theirs == 'cls.predictions.decoder.bias': yield 'cls.predictions.bias', t
+    if cfg.arch == 'gpt':
+        for i in range(cfg.n_layers):
+            a = f'layers.{i}.attention'
+            yield f'transformer.h.{i}.attn.c_attn.weight', torch.cat([take(f'{a}.{n}.weight') for n in ('wq', 'wk', 'wv')]).t().contiguous()
+            yield f'transformer.h.{i}.attn.c_attn.bias', torch.cat([take(f'{a}.{n}.bias') for n in ('wq', 'wk', 'wv')])
+
 def to_hf_state_dict(cfg: ModelConfig, sd: dict) -> dict:
     "The HF state dict (GPT2LMHeadModel, LlamaForCausalLM or BertForPreTraining) of our state dict `sd`."
     sd = {_WRAPPERS.sub('', k): v for k, v in sd.items()}
     def take(key):
         if key not in sd: raise RecipeError(f"state dict: missing {key!r}; is it a full (unsharded, all stages) {cfg.arch} model with {cfg.n_layers} layers?")
         return sd[key]
-    out = {}
-    for ours, theirs, kind in _pairs(cfg):
-        if ours == 'output.weight' and cfg.tie_embeddings and ours not in sd: ours = 'tok_embeddings.weight'
-        t = take(ours)
-        out[theirs] = (t.t() if kind == 'T' else t[:cfg.vocab_size] if kind == 'vocab' else t).contiguous()
-    if cfg.arch == 'gpt':
-        for i in range(cfg.n_layers):
-            a = f'layers.{i}.attention'
-            out[f'transformer.h.{i}.attn.c_attn.weight'] = torch.cat([take(f'{a}.{n}.weight') for n in ('wq', 'wk', 'wv')]).t().contiguous()
-            out[f'transformer.h.{i}.attn.c_attn.bias'] = torch.cat([take(f'{a}.{n}.bias') for n in ('wq', 'wk', 'wv')])
-    if cfg.arch == 'bert': out['cls.predictions.bias'] = out['cls.predictions.decoder.bias']
-    return out
+    return dict(hf_tensors(cfg, take, sd.__contains__))
 
 # %% ../../nbs/api/28_hf.ipynb #57830359
 def randomize_(model: torch.nn.Module, std: float = 0.5, seed: int = 0) -> torch.nn.Module:

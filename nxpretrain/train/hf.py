@@ -9,7 +9,7 @@ from pathlib import Path
 from ..recipes import Recipe, ModelConfig, RecipeError, from_dict, padded_vocab
 
 # %% auto #0
-__all__ = ['read_hf_folder', 'hf_model_config', 'import_hf', 'checkpoint_recipe', 'export_hf']
+__all__ = ['read_hf_folder', 'hf_model_config', 'import_hf', 'checkpoint_recipe', 'checkpoint_tensors', 'export_hf']
 
 # %% ../../nbs/api/45_hf.ipynb #93be9cb1
 def read_hf_folder(path) -> tuple[dict, dict]:
@@ -56,36 +56,50 @@ def checkpoint_recipe(checkpoint) -> Recipe:
     if 'recipe' not in st: raise RecipeError(f"{checkpoint}: trainer_state.json has no recipe; pass the recipe explicitly")
     return from_dict(Recipe, st['recipe'])
 
-def _write_safetensors(sd: dict, out: Path, max_shard_bytes: int):
+def _write_safetensors(tensors, out: Path, max_shard_bytes: int):
+    "Write (key, tensor) pairs as HF safetensors shards of at most `max_shard_bytes` (+ index), holding one shard at a time."
     from safetensors.torch import save_file
-    shards, cur, size = [], {}, 0
-    for k, v in sd.items():
-        if cur and size + v.nbytes > max_shard_bytes: shards.append(cur); cur, size = {}, 0
-        cur[k] = v.detach().contiguous().clone(); size += v.nbytes  # clone: tied tensors must not share storage in safetensors
-    shards.append(cur)
-    if len(shards) == 1: save_file(shards[0], str(out / 'model.safetensors'), metadata={'format': 'pt'}); return
-    weight_map, n = {}, len(shards)
-    for i, s in enumerate(shards, 1):
-        name = f'model-{i:05d}-of-{n:05d}.safetensors'
-        save_file(s, str(out / name), metadata={'format': 'pt'}); weight_map.update({k: name for k in s})
-    (out / 'model.safetensors.index.json').write_text(json.dumps(dict(metadata=dict(total_size=sum(v.nbytes for v in sd.values())), weight_map=weight_map), indent=1))
+    files, weight_map, cur, size, total = [], {}, {}, 0, 0
+    def flush():
+        nonlocal cur, size
+        files.append(out / f'.part-{len(files) + 1:05d}.safetensors')
+        save_file(cur, str(files[-1]), metadata={'format': 'pt'}); weight_map.update({k: files[-1] for k in cur}); cur, size = {}, 0
+    for k, v in tensors:
+        if cur and size + v.nbytes > max_shard_bytes: flush()
+        v = v.detach().contiguous()
+        if any(v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in cur.values()): v = v.clone()  # safetensors refuses shared storage (tied tensors)
+        cur[k] = v; size += v.nbytes; total += v.nbytes
+    flush()
+    if len(files) == 1: files[0].rename(out / 'model.safetensors'); return
+    names = {f: f'model-{i:05d}-of-{len(files):05d}.safetensors' for i, f in enumerate(files, 1)}
+    for f, name in names.items(): f.rename(out / name)
+    (out / 'model.safetensors.index.json').write_text(json.dumps(dict(metadata=dict(total_size=total), weight_map={k: names[f] for k, f in weight_map.items()}), indent=1))
+
+def checkpoint_tensors(checkpoint) -> tuple[dict, callable]:
+    """(our key → DCP tensor metadata) of the model weights in a checkpoint, and `take(key)` that reads one of them whole
+    (gathered from every rank's shards) – so a tool can walk a model far larger than memory one tensor at a time."""
+    import torch, torch.distributed.checkpoint as dcp
+    from nxpretrain.train.checkpoint import safe_reader, verify_checkpoint, _quiet
+    d = Path(checkpoint); verify_checkpoint(d)
+    meta = {k[len('model.'):]: m for k, m in safe_reader(d).read_metadata().state_dict_metadata.items() if k.startswith('model.')}
+    def take(key):
+        m = meta[key]; t = torch.empty(tuple(m.size), dtype=m.properties.dtype)
+        with _quiet(): dcp.load({'model': {key: t}}, storage_reader=safe_reader(d), no_dist=True)
+        return t
+    return meta, take
 
 # %% ../../nbs/api/45_hf.ipynb #32fc2faf
 def export_hf(checkpoint, out, recipe: Recipe | None = None, dtype=None, max_shard_gb: float = 5.0) -> Path:
     "Write checkpoint `checkpoint` as an HF folder `out` (config.json + safetensors); `dtype` e.g. torch.bfloat16 to cast."
-    from nxpretrain.models.hf import to_hf_config, to_hf_state_dict
-    from nxpretrain.models import build_model
-    from nxpretrain.train.checkpoint import load_weights
+    from nxpretrain.models.hf import to_hf_config, hf_tensors
     r = recipe or checkpoint_recipe(checkpoint)
-    model = build_model(r.model, padded_vocab(r.model, r.parallel.tp))
-    load_weights(model, checkpoint)
-    sd = to_hf_state_dict(r.model, model.state_dict())
-    if r.model.arch == 'gpt' and r.model.tie_embeddings: sd.pop('lm_head.weight', None)  # transformers re-ties it from wte
-    if dtype is not None: sd = {k: v.to(dtype) for k, v in sd.items()}
+    meta, take = checkpoint_tensors(checkpoint)
+    tensors = ((k, v if dtype is None else v.to(dtype)) for k, v in hf_tensors(r.model, take, meta.__contains__)
+               if not (k == 'lm_head.weight' and r.model.arch == 'gpt' and r.model.tie_embeddings))  # transformers re-ties it from wte
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     hf_cfg = to_hf_config(r.model)
     hf_cfg.architectures = [{'gpt': 'GPT2LMHeadModel', 'llama': 'LlamaForCausalLM', 'bert': 'BertForPreTraining'}[r.model.arch]]
     if dtype is not None: hf_cfg.torch_dtype = str(dtype).removeprefix('torch.')
     hf_cfg.to_json_file(str(out / 'config.json'))
-    _write_safetensors(sd, out, int(max_shard_gb * 2**30))
+    _write_safetensors(tensors, out, int(max_shard_gb * 2**30))
     return out
