@@ -9,7 +9,8 @@ import torch
 from ..recipes import ModelConfig, RecipeError, padded_vocab
 
 # %% auto #0
-__all__ = ['to_hf_config', 'from_hf_config', 'from_hf_state_dict', 'hf_tensors', 'to_hf_state_dict', 'randomize_', 'max_rel_diff']
+__all__ = ['to_hf_config', 'from_hf_config', 'hf_loaders', 'check_hf_shapes', 'from_hf_state_dict', 'hf_tensors',
+           'to_hf_state_dict', 'randomize_', 'max_rel_diff']
 
 # %% ../../nbs/api/28_hf.ipynb #e94c8db0
 def to_hf_config(cfg: ModelConfig):
@@ -120,33 +121,47 @@ def _expected_hf_shapes(cfg: ModelConfig, vocab_size: int) -> dict:
     with torch.device('meta'): sd = build_model(cfg, vocab_size).state_dict()
     return {k: tuple(v.shape) for k, v in sd.items()}
 
-def from_hf_state_dict(cfg: ModelConfig, sd: dict, vocab_size: int | None = None) -> dict:
-    "Our state dict (vocabulary padded to `vocab_size`, default `padded_vocab(cfg)`) from an HF state dict of `cfg`'s architecture."
-    V, H = vocab_size or padded_vocab(cfg), cfg.hidden
-    if cfg.arch == 'gpt' and 'wte.weight' in sd and 'transformer.wte.weight' not in sd:
-        sd = {('' if k.startswith('lm_head') else 'transformer.') + k: v for k, v in sd.items()}
-    shapes, out, used = _expected_hf_shapes(cfg, V), {}, set()
-    def take(key):
-        if key not in sd: raise RecipeError(f"HF state dict: missing {key!r}; is it a {cfg.arch} checkpoint with {cfg.n_layers} layers?")
-        used.add(key); return sd[key]
+def hf_loaders(cfg: ModelConfig, keys, vocab_size: int | None = None) -> dict:
+    """Our key → `make(take)`, which builds that tensor (vocabulary padded to `vocab_size`, default `padded_vocab(cfg)`) from
+    the HF tensors `take(hf_key)` reads, for an HF model of `cfg`'s architecture whose tensors are named `keys`. Missing and
+    unexpected names fail here, before anything is read."""
+    V, H, keys = vocab_size or padded_vocab(cfg), cfg.hidden, list(keys)
+    name = {k: k for k in keys}
+    if cfg.arch == 'gpt' and 'wte.weight' in name and 'transformer.wte.weight' not in name:   # GPT2Model saved without its LM wrapper
+        name = {('' if k.startswith('lm_head') else 'transformer.') + k: k for k in keys}
+    used = set()
+    def need(key):
+        if key not in name: raise RecipeError(f"HF state dict: missing {key!r}; is it a {cfg.arch} checkpoint with {cfg.n_layers} layers?")
+        used.add(key); return name[key]
+    out = {}
     for ours, theirs, kind in _pairs(cfg):
-        if theirs in ('lm_head.weight', 'cls.predictions.decoder.weight') and theirs not in sd and cfg.tie_embeddings:
+        if theirs in ('lm_head.weight', 'cls.predictions.decoder.weight') and theirs not in name and cfg.tie_embeddings:
             theirs = _MAPS[cfg.arch][0][1]   # tied head stored only as the embedding
-        t = take(theirs)
-        t = t.t() if kind == 'T' else _pad_rows(t, V) if kind == 'vocab' else t
-        out[ours] = t.contiguous()
+        k = need(theirs)
+        out[ours] = lambda take, k=k, kind=kind: (lambda t: t.t() if kind == 'T' else _pad_rows(t, V) if kind == 'vocab' else t)(take(k))
     if cfg.arch == 'gpt':
         for i in range(cfg.n_layers):
-            w, b = take(f'transformer.h.{i}.attn.c_attn.weight'), take(f'transformer.h.{i}.attn.c_attn.bias')
-            for j, name in enumerate(('wq', 'wk', 'wv')):
-                out[f'layers.{i}.attention.{name}.weight'] = w[:, j * H:(j + 1) * H].t().contiguous()
-                out[f'layers.{i}.attention.{name}.bias'] = b[j * H:(j + 1) * H].contiguous()
-    for k, v in out.items():
-        if k in shapes and tuple(v.shape) != shapes[k]:
-            raise RecipeError(f"HF state dict: {k} has shape {tuple(v.shape)}, the recipe's model expects {shapes[k]}; check model.hidden/n_heads/n_kv_heads/ffn_hidden/vocab_size")
-    extra = [k for k in sd if k not in used and not _IGNORED.search(k)]
+            w, b = need(f'transformer.h.{i}.attn.c_attn.weight'), need(f'transformer.h.{i}.attn.c_attn.bias')
+            for j, proj in enumerate(('wq', 'wk', 'wv')):
+                out[f'layers.{i}.attention.{proj}.weight'] = lambda take, w=w, j=j: take(w)[:, j * H:(j + 1) * H].t()
+                out[f'layers.{i}.attention.{proj}.bias'] = lambda take, b=b, j=j: take(b)[j * H:(j + 1) * H]
+    extra = [k for k in name if k not in used and not _IGNORED.search(k)]
     if extra: raise RecipeError(f"HF state dict: unexpected {', '.join(extra[:3])}{' …' if len(extra) > 3 else ''}; is it a {cfg.arch} checkpoint with {cfg.n_layers} layers?")
     return out
+
+def check_hf_shapes(cfg: ModelConfig, loaders: dict, shape_of, vocab_size: int | None = None):
+    "Fail on the first tensor whose converted shape is not the model's, from the HF shapes `shape_of(hf_key)` alone (nothing is read)."
+    shapes = _expected_hf_shapes(cfg, vocab_size or padded_vocab(cfg))
+    meta = lambda k: torch.empty(tuple(shape_of(k)), device='meta')
+    for k, make in loaders.items():
+        if k in shapes and (s := tuple(make(meta).shape)) != shapes[k]:
+            raise RecipeError(f"HF state dict: {k} has shape {s}, the recipe's model expects {shapes[k]}; check model.hidden/n_heads/n_kv_heads/ffn_hidden/vocab_size")
+
+def from_hf_state_dict(cfg: ModelConfig, sd: dict, vocab_size: int | None = None) -> dict:
+    "Our state dict (vocabulary padded to `vocab_size`, default `padded_vocab(cfg)`) from an HF state dict of `cfg`'s architecture."
+    loaders = hf_loaders(cfg, sd, vocab_size)
+    check_hf_shapes(cfg, loaders, lambda k: sd[k].shape, vocab_size)
+    return {k: make(sd.__getitem__).contiguous() for k, make in loaders.items()}
 
 # %% ../../nbs/api/28_hf.ipynb #92d6a7ef
 _WRAPPERS = re.compile(r'(_orig_mod\.|_checkpoint_wrapped_module\.|_fsdp_wrapped_module\.)')

@@ -259,8 +259,9 @@ def _stage(state, staged=None):
 from fastcore.basics import patch
 
 @patch
-def save(self: Checkpointer, step: int, state: dict, trainer_state: dict) -> Path:
-    "Save DCP `state` (e.g. `{'model': ..., 'optim': ...}`) and JSON `trainer_state` as `step_<step>`."
+def save(self: Checkpointer, step: int, state: dict, trainer_state: dict, planner=None) -> Path:
+    """Save DCP `state` (e.g. `{'model': ..., 'optim': ...}`) and JSON `trainer_state` as `step_<step>`; `planner`: a DCP save
+    planner (one that makes each tensor when it is written lets `state` hold meta tensors)."""
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
     t0 = time.perf_counter()
@@ -276,7 +277,7 @@ def save(self: Checkpointer, step: int, state: dict, trainer_state: dict) -> Pat
     with open(rng, 'rb') as f: os.fsync(f.fileno())   # on disk before the marker names it
     def write(state, pg=None):
         writer = shard_writer(d)
-        with _quiet(): dcp.save(state, storage_writer=writer, process_group=pg, no_dist=_dist() is None)
+        with _quiet(): dcp.save(state, storage_writer=writer, planner=planner, process_group=pg, no_dist=_dist() is None)
         _report_rank_files(d, r, writer.files)
         if r == 0:
             _finish(d, n, self.timeout_s)

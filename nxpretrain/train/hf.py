@@ -9,12 +9,14 @@ from pathlib import Path
 from ..recipes import Recipe, ModelConfig, RecipeError, from_dict, padded_vocab
 
 # %% auto #0
-__all__ = ['read_hf_folder', 'hf_model_config', 'import_hf', 'checkpoint_recipe', 'checkpoint_tensors', 'export_hf']
+__all__ = ['open_hf_folder', 'read_hf_folder', 'hf_model_config', 'import_hf', 'checkpoint_recipe', 'checkpoint_tensors',
+           'export_hf']
 
 # %% ../../nbs/api/45_hf.ipynb #93be9cb1
-def read_hf_folder(path) -> tuple[dict, dict]:
-    "(config dict, state dict) of an HF model folder with `config.json` and `model.safetensors` or a sharded index."
-    from safetensors.torch import load_file
+def open_hf_folder(path) -> tuple[dict, dict, callable]:
+    """(config dict, {HF key: shape}, `take(key)`) of an HF model folder with `config.json` and `model.safetensors` or a
+    sharded index; `take` reads one tensor (memory-mapped safetensors), so nothing is held that is not asked for."""
+    from safetensors import safe_open
     d = Path(path)
     if not (d / 'config.json').exists(): raise RecipeError(f"{d}: no config.json; give a Hugging Face model folder")
     config = json.loads((d / 'config.json').read_text())
@@ -22,9 +24,15 @@ def read_hf_folder(path) -> tuple[dict, dict]:
         files = sorted(set(json.loads(idx.read_text())['weight_map'].values()))
     elif (d / 'model.safetensors').exists(): files = ['model.safetensors']
     else: raise RecipeError(f"{d}: no model.safetensors or model.safetensors.index.json (pytorch_model.bin is pickle and is not read; convert it to safetensors)")
-    sd = {}
-    for f in files: sd.update(load_file(str(d / f)))
-    return config, sd
+    handles = {f: safe_open(str(d / f), framework='pt') for f in files}
+    where = {k: h for h in handles.values() for k in h.keys()}
+    shapes = {k: tuple(h.get_slice(k).get_shape()) for k, h in where.items()}
+    return config, shapes, lambda key: where[key].get_tensor(key)
+
+def read_hf_folder(path) -> tuple[dict, dict]:
+    "(config dict, state dict) of an HF model folder, every tensor read."
+    config, shapes, take = open_hf_folder(path)
+    return config, {k: take(k) for k in shapes}
 
 # %% ../../nbs/api/45_hf.ipynb #bc592ab0
 def hf_model_config(path) -> ModelConfig:
@@ -34,19 +42,28 @@ def hf_model_config(path) -> ModelConfig:
 
 def import_hf(path, out, recipe: Recipe | None = None):
     "Write the HF model at `path` as nxpretrain checkpoint `<out>/step_0`; returns (checkpoint folder, model config)."
-    from nxpretrain.models.hf import from_hf_config, from_hf_state_dict
+    import torch
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from nxpretrain.models.hf import from_hf_config, hf_loaders, check_hf_shapes
     from nxpretrain.models import build_model
     from nxpretrain.train.checkpoint import Checkpointer
-    config, hf_sd = read_hf_folder(path)
-    cfg = recipe.model if recipe is not None else from_hf_config(config)
-    model = build_model(cfg)
-    missing, unexpected = model.load_state_dict(from_hf_state_dict(cfg, hf_sd, model.vocab_size), strict=False)
-    if missing := [k for k in missing if not (k == 'output.weight' and cfg.tie_embeddings)]:
-        raise RecipeError(f"{path}: no weights for {', '.join(missing[:3])}; is it a {cfg.arch} model with {cfg.n_layers} layers?")
-    r = recipe or Recipe(name=Path(path).name, model=cfg)
     from nxpretrain.recipes import to_dict
+    config, shapes, take = open_hf_folder(path)
+    cfg = recipe.model if recipe is not None else from_hf_config(config)
+    V = padded_vocab(cfg)
+    loaders = hf_loaders(cfg, shapes, V); check_hf_shapes(cfg, loaders, shapes.__getitem__, V)
+    with torch.device('meta'): template = build_model(cfg, V).state_dict()   # names, shapes and dtypes for DCP's plan
+    if cfg.tie_embeddings and 'output.weight' not in loaders: loaders['output.weight'] = loaders['tok_embeddings.weight']
+    if missing := [k for k in template if k not in loaders]:
+        raise RecipeError(f"{path}: no weights for {', '.join(missing[:3])}; is it a {cfg.arch} model with {cfg.n_layers} layers?")
+    class ReadWhenWritten(DefaultSavePlanner):
+        def resolve_data(self, item):
+            if not item.index.fqn.startswith('model.'): return super().resolve_data(item)
+            key = item.index.fqn[len('model.'):]
+            return loaders[key](take).to(template[key].dtype).contiguous()
+    r = recipe or Recipe(name=Path(path).name, model=cfg)
     ck = Checkpointer(out, keep_last=0, log=lambda *a: None)
-    d = ck.save(0, {'model': model.state_dict()}, dict(step=0, consumed_samples=0, source=str(path), recipe=to_dict(r)))
+    d = ck.save(0, {'model': template}, dict(step=0, consumed_samples=0, source=str(path), recipe=to_dict(r)), planner=ReadWhenWritten())
     return d, cfg
 
 # %% ../../nbs/api/45_hf.ipynb #901ba7ea
