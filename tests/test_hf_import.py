@@ -1,12 +1,11 @@
 """Hugging Face weights in under a parallel layout: a Llama 3 folder (GQA) made locally with `transformers` is imported one
 tensor at a time and continual pretraining starts from it under TP2 and PP2 with the same losses as in one process; a folder
 with a wrong shape fails before anything is written."""
-import math
 import pytest
 import torch
 from nxpretrain.recipes import get_recipe, override
-from nxpretrain.parallel.spawn import run_distributed
 from nxpretrain.train.trainer import train
+from train_helpers import dist_train, close
 from nxpretrain.train.hf import import_hf
 
 R = get_recipe('llama3_tiny', 'data.corpus=synthetic', 'model.vocab_size=512', 'model.n_layers=2', 'model.hidden=64', 'model.n_heads=8',
@@ -26,18 +25,13 @@ def hf_folder(tmp_path_factory):
     return d
 
 
-def close(a, b, tol=2e-5):
-    assert len(a) == len(b) and all(math.isclose(x, y, rel_tol=tol, abs_tol=tol) for x, y in zip(a, b)), (a, b)
-
-
 def test_continual_pretraining_from_hf_under_tp2_and_pp2(tmp_path, hf_folder):
     ck, _ = import_hf(hf_folder, tmp_path / 'imported', recipe=R)
     one = train(R, str(tmp_path / 'one'), STEPS, resume_from=str(ck), weights_only=True, progress=False)
     fresh = train(R, str(tmp_path / 'fresh'), STEPS, progress=False)
     assert one.losses[0] != fresh.losses[0]           # the HF weights were used
     for lay in ('parallel.tp=2', 'parallel.pp=2'):
-        res = run_distributed(train, 2, override(R, lay), str(tmp_path / lay), STEPS, resume_from=str(ck), weights_only=True, progress=False, timeout=240)
-        close(res[0].losses, one.losses)
+        close(dist_train(override(R, lay), tmp_path / lay, STEPS, resume_from=str(ck), weights_only=True).losses, one.losses)
 
 
 def test_wrong_shape_fails_before_writing(tmp_path, hf_folder):

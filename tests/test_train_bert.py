@@ -1,12 +1,11 @@
 """BERT pretraining (MLM + NSP, LAMB) through the trainer on the demo corpus: DP, TP and ZeRO-1 runs equal the single-process
 run, a stopped run resumes bit for bit, and the checkpoint exports to a folder `transformers.BertForPreTraining` loads with the
 same MLM and NSP logits."""
-import math
 import pytest
 import torch
 from nxpretrain.recipes import get_recipe, override
-from nxpretrain.parallel.spawn import run_distributed
 from nxpretrain.train.trainer import train
+from train_helpers import dist_train, close
 
 STEPS, HALF = 4, 2
 R = get_recipe('bert_tiny', 'model.hidden=64', 'model.seq_len=64', 'data.micro_batch=2', 'data.global_batch=8', 'trainer.threads=1',
@@ -15,17 +14,6 @@ R = get_recipe('bert_tiny', 'model.hidden=64', 'model.seq_len=64', 'data.micro_b
 
 
 def layout(**kw): return override(R, *[f'parallel.{k}={v}' for k, v in kw.items()])
-
-
-def dist_train(recipe, out, steps, world=2, **kw):
-    res = run_distributed(train, world, recipe, str(out), steps, timeout=300, progress=False, **kw)
-    assert all(r.losses == res[0].losses for r in res), 'ranks disagree on the loss'
-    assert all(r.eval == res[0].eval for r in res), 'ranks disagree on the validation figures'
-    return res[0]
-
-
-def close(a, b, tol=2e-5):
-    assert len(a) == len(b) and all(math.isclose(x, y, rel_tol=tol, abs_tol=tol) for x, y in zip(a, b)), (a, b)
 
 
 @pytest.fixture(scope='module')

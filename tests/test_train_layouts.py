@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 from nxpretrain.recipes import get_recipe, override
-from nxpretrain.parallel.spawn import run_distributed
 from nxpretrain.train.trainer import train
+from train_helpers import dist_train, close
 
 STEPS, HALF = 6, 3
 # decay_steps fixes the schedule's horizon, so a run stopped at HALF and resumed follows the uninterrupted one
@@ -15,16 +15,6 @@ R = get_recipe('gpt3_tiny', 'data.corpus=synthetic', 'model.n_layers=2', 'model.
 
 
 def layout(**kw): return override(R, *[f'parallel.{k}={v}' for k, v in kw.items()])
-
-
-def dist_train(recipe, out, steps, world=2, **kw):
-    res = run_distributed(train, world, recipe, str(out), steps, timeout=240, progress=False, **kw)
-    assert all(r.losses == res[0].losses for r in res), 'ranks disagree on the loss'
-    return res[0]
-
-
-def close(a, b, tol=2e-5):
-    assert len(a) == len(b) and all(math.isclose(x, y, rel_tol=tol, abs_tol=tol) for x, y in zip(a, b)), (a, b)
 
 
 @pytest.fixture(scope='module')
