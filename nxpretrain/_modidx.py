@@ -740,6 +740,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'nxpretrain.recipes._catalog': ('api/recipes.html#_catalog', 'nxpretrain/recipes.py'),
                                     'nxpretrain.recipes._coerce': ('api/recipes.html#_coerce', 'nxpretrain/recipes.py'),
                                     'nxpretrain.recipes._field_types': ('api/recipes.html#_field_types', 'nxpretrain/recipes.py'),
+                                    'nxpretrain.recipes._gpt3_p4de': ('api/recipes.html#_gpt3_p4de', 'nxpretrain/recipes.py'),
                                     'nxpretrain.recipes._gpt3_trn1': ('api/recipes.html#_gpt3_trn1', 'nxpretrain/recipes.py'),
                                     'nxpretrain.recipes._r': ('api/recipes.html#_r', 'nxpretrain/recipes.py'),
                                     'nxpretrain.recipes.data_parallel_size': ( 'api/recipes.html#data_parallel_size',
