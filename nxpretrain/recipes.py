@@ -107,6 +107,7 @@ class TrainerConfig:
     device: str = 'auto'                 # auto | cpu | cuda | neuron
     threads: int = 0                     # CPU threads per process; 0 = torch default
     resume: bool = True                  # auto-resume from the newest complete checkpoint
+    upload_to: str = ''                  # s3://bucket/prefix: copy each complete checkpoint there (nxpretrain.train.mirror)
 
 # %% ../nbs/api/00_recipes.ipynb #aa347d24
 @dataclass
@@ -297,6 +298,8 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
         if p.dp not in (-1, dp): out.append(f"parallel.dp={p.dp} but the world gives {world}/(tp·pp·cp)={dp}: set parallel.dp=-1 or {dp}")
         if d.global_batch % (d.micro_batch * dp):
             out.append(f"data.global_batch={d.global_batch} is not divisible by data.micro_batch×DP={d.micro_batch}×{dp}: use a multiple of {d.micro_batch * dp}")
+    if recipe.trainer.upload_to and not recipe.trainer.upload_to.startswith('s3://'):
+        out.append(f"trainer.upload_to={recipe.trainer.upload_to!r}: give an s3://bucket/prefix address, or '' for no upload")
     if recipe.optim.warmup_steps > recipe.trainer.max_steps: out.append(f"optim.warmup_steps={recipe.optim.warmup_steps} exceeds trainer.max_steps={recipe.trainer.max_steps}: shorten the warmup")
     return out
 
@@ -333,6 +336,24 @@ _LLAMA_DATA = dict(corpus='wikicorpus-llama3', tokenizer='llama3', micro_batch=1
 _LLAMA31_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192)
 
 # %% ../nbs/api/00_recipes.ipynb #e59fc190
+_PILE_DIR = '/fsx/data/the_pile_gpt3'
+_PILE_GPT3 = [x for i in range(30) for x in (0.0334 if i == 29 else 0.0333, f'{_PILE_DIR}/my-gpt3_{i:02d}_text_document')]
+_NEMO_GPT3_DATA = dict(corpus=f'{_PILE_DIR}/my-gpt3_00_text_document', tokenizer='/fsx/data/bpe/vocab.json', split='99990,8,2',
+                       blend=_PILE_GPT3, num_workers=2)
+# seed 1's FSx for Lustre: SCRATCH_2, 4800 GiB, 200 MB/s per TiB baseline ≈ 0.94 GB/s
+_NEMO_DEPARTS = ('departs from NeMo: AdamW with ZeRO-1 for distributed_fused_adam (the same update), '
+                 'no Transformer Engine or fused kernels, the newest `keep_last` checkpoints instead of top-k by validation loss; '
+                 'CosineAnnealing constant_steps become optim.decay_steps = max_steps - constant_steps')
+
+def _gpt3_p4de(name, model, parallel, micro, gbs, optim, max_steps, eval_steps, nodes, notes):
+    return _r(name, dict(arch='gpt', vocab_size=_GPT2_VOCAB, seq_len=2048, dropout=0.1, **model), parallel,
+              dict(_NEMO_GPT3_DATA, micro_batch=micro, global_batch=gbs),
+              dict(weight_decay=0.1, betas=[0.9, 0.95], clip_grad=1.0, **optim),
+              dict(max_steps=max_steps, log_every=10, eval_every=2000, eval_steps=eval_steps, save_every=2000, keep_last=5),
+              dict(profile='p4de.24xlarge', nodes=nodes, storage_gbps=0.94), source='seed 1: NeMo GPT-3 on ParallelCluster p4de.24xlarge (enroot/pyxis)',
+              notes=notes + '; ' + _NEMO_DEPARTS)
+
+# %% ../nbs/api/00_recipes.ipynb #92219099
 # fp32 on CPU: many CPUs (AVX2-only ones among them) have no bf16 instructions, and bf16 matmuls there run ~50× slower
 _CPU_PAR = dict(precision='fp32')
 
@@ -364,6 +385,16 @@ def _catalog() -> dict:
            dict(max_steps=250000, save_every=10000, eval_every=1000, eval_steps=10, log_every=1),
            dict(profile='nd_h100_v5', nodes=16, storage_gbps=19.2),
            source='seed 2: Megatron-LM GPT-3 175B on Azure ND H100 v5 (SlimPajama)', notes='GBS ≈ 16×GPUs; checkpoint ≈ 2.3 TiB'),
+        _gpt3_p4de('gpt3_175b_p4de', dict(n_layers=96, hidden=12288, n_heads=96, init_std=0.006),
+                   dict(tp=4, pp=8, virtual_pp=12, pp_schedule='interleaved', sequence_parallel=True, zero1=True,
+                        activation_checkpointing='selective', checkpoint_modules=['attention']),
+                   1, 2048, dict(lr=0.9e-4, min_lr=0.9e-5, warmup_steps=115, decay_steps=75000 - 12500), 75000, 20, 16,
+                   notes="NeMo's gpt3/175b.yaml (TP 4, PP 8, VPP 12, GBS 2048) on the seed's 16 nodes instead of NeMo's 128: "
+                         "DP 4, so each step accumulates 512 micro-batches"),
+        _gpt3_p4de('gpt3_126m_p4de', dict(n_layers=12, hidden=768, n_heads=12, init_std=0.023), {},
+                   4, 256, dict(lr=6e-4, min_lr=6e-5, warmup_steps=636, decay_steps=600000 - 100000), 600000, 50, 8,
+                   notes="the seed's smaller submit example (submit-gpt3-04b8…) names no hyperparameters; this is NeMo's "
+                         "gpt3/126m.yaml on its 8 nodes, the smallest GPT-3 NeMo configures"),
         _r('gpt3_125m', dict(arch='gpt', n_layers=12, hidden=768, n_heads=12, vocab_size=_GPT2_VOCAB, seq_len=2048),
            data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=8, global_batch=256), optim=dict(lr=6e-4, min_lr=6e-5, warmup_steps=375),
            trainer=dict(max_steps=100000), cluster=dict(profile='p5.48xlarge', nodes=1), source='GPT-3 paper table 2.1 (Small)'),
