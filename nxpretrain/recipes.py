@@ -10,9 +10,10 @@ from pathlib import Path
 import yaml
 
 # %% auto #0
-__all__ = ['DEMO_VOCAB', 'CATALOG', 'RecipeError', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig', 'TrainerConfig',
-           'ClusterConfig', 'Recipe', 'from_dict', 'to_dict', 'to_yaml', 'from_yaml', 'override', 'recipe_value',
-           'padded_vocab', 'world_size', 'data_parallel_size', 'problems', 'validate', 'get_recipe']
+__all__ = ['DEMO_VOCAB', 'CATALOG', 'ALIASES', 'RecipeError', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig',
+           'TrainerConfig', 'ClusterConfig', 'Recipe', 'field_keys', 'nearest_field', 'from_dict', 'to_dict', 'to_yaml',
+           'from_yaml', 'override', 'recipe_value', 'padded_vocab', 'world_size', 'data_parallel_size', 'problems',
+           'validate', 'resolve_name', 'get_recipe']
 
 # %% ../nbs/api/00_recipes.ipynb #f8987b04
 class RecipeError(ValueError):
@@ -150,6 +151,28 @@ def _coerce(value, tp, where):
     raise RecipeError(f"{where}: expected {getattr(base, '__name__', base)}, got {value!r}; fix the value")
 
 # %% ../nbs/api/00_recipes.ipynb #aa882193
+def field_keys(d: dict, prefix: str = '') -> list[str]:
+    "Every dotted key of a recipe dict (`to_dict(recipe)`): `name`, `model.hidden`, `optim.lr`, …"
+    out = []
+    for k, v in d.items():
+        out += field_keys(v, f"{prefix}{k}.") if isinstance(v, dict) and k != 'rope_scaling' else [prefix + k]
+    return out
+
+# %% ../nbs/api/00_recipes.ipynb #e5f2bcb0
+def nearest_field(key: str, keys: list[str]) -> str | None:
+    "The field of `keys` closest to `key`: by the whole dotted key, else by its last part."
+    import difflib
+    if near := difflib.get_close_matches(key, keys, n=1, cutoff=0.6): return near[0]
+    last = key.split('.')[-1]
+    by_last = {k.split('.')[-1]: k for k in reversed(keys)}
+    near = difflib.get_close_matches(last, list(by_last), n=1, cutoff=0.6)
+    return by_last[near[0]] if near else None
+
+def _no_field(key: str, d: dict) -> str:
+    near = nearest_field(key, field_keys(d))
+    return f"no such field {key}" + (f"; did you mean {near}?" if near else "; see `nxpretrain show MODEL` for the fields")
+
+# %% ../nbs/api/00_recipes.ipynb #da2ccec8
 def from_dict(cls, d: dict, where: str = ''):
     "Build dataclass `cls` from a (nested) dict, strictly."
     if isinstance(d, cls): return d
@@ -157,7 +180,8 @@ def from_dict(cls, d: dict, where: str = ''):
     types, known = _field_types(cls), {f.name for f in fields(cls)}
     for k in d:
         if k not in known:
-            raise RecipeError(f"{where + '.' if where else ''}{k}: unknown field; known fields: {', '.join(sorted(known))}")
+            near = nearest_field(k, sorted(known))
+            raise RecipeError(f"{where + '.' if where else ''}{k}: unknown field; " + (f"did you mean {near}?" if near else f"known fields: {', '.join(sorted(known))}"))
     return cls(**{k: _coerce(v, types[k], f"{where + '.' if where else ''}{k}") for k, v in d.items()})
 
 # %% ../nbs/api/00_recipes.ipynb #ad6a0375
@@ -190,11 +214,10 @@ def override(recipe: Recipe, *assignments: str) -> Recipe:
             key, raw = item.split('=', 1)
             *path, last = key.strip().split('.')
             node = d
-            for i, p in enumerate(path):
-                if not isinstance(node.get(p), dict):
-                    raise RecipeError(f"override {key}: {'.'.join(path[:i+1])} is not a section; sections: {', '.join(k for k,v in d.items() if isinstance(v, dict))}")
+            for p in path:
+                if not isinstance(node.get(p), dict): raise RecipeError(f"override {item}: {_no_field(key.strip(), d)}")
                 node = node[p]
-            if last not in node: raise RecipeError(f"override {key}: unknown field {last!r}; known: {', '.join(node)}")
+            if last not in node: raise RecipeError(f"override {item}: {_no_field(key.strip(), d)}")
             try: node[last] = yaml.safe_load(raw)
             except yaml.YAMLError: node[last] = raw
             if isinstance(node[last], (int, float)) and isinstance(recipe_value(recipe, key), str): node[last] = raw
@@ -375,14 +398,14 @@ def _catalog() -> dict:
         _r('gpt3_125m', dict(arch='gpt', n_layers=12, hidden=768, n_heads=12, vocab_size=_GPT2_VOCAB, seq_len=2048),
            data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=8, global_batch=256), optim=dict(lr=6e-4, min_lr=6e-5, warmup_steps=375),
            trainer=dict(max_steps=100000), cluster=dict(profile='p5.48xlarge', nodes=1), source='GPT-3 paper table 2.1 (Small)'),
-        _r('gpt3_375m', dict(arch='gpt', n_layers=12, hidden=512, n_heads=8, vocab_size=_GPT2_VOCAB, seq_len=1024),
+        _r('gpt3_64m', dict(arch='gpt', n_layers=12, hidden=512, n_heads=8, vocab_size=_GPT2_VOCAB, seq_len=1024),
            data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=32), optim=dict(lr=6e-5, min_lr=6e-6, warmup_steps=100),
            trainer=dict(max_steps=1000, save_every=1000, eval_every=1000), cluster=dict(profile='nd_h100_v5', nodes=2),
-           source='seed 2: the "375M" two-node system check', notes='the tutorial calls this 375M; its numbers (12 × 512, GPT-2 vocab) make ≈ 64M parameters'),
-        _r('gpt3_857m', dict(arch='gpt', n_layers=24, hidden=1024, n_heads=16, vocab_size=_GPT2_VOCAB, seq_len=2048),
+           source='seed 2: the "375M" two-node system check', notes='the tutorial calls this 375M (alias gpt3_375m); its numbers (12 × 512, GPT-2 vocab) make ≈ 64M parameters'),
+        _r('gpt3_356m', dict(arch='gpt', n_layers=24, hidden=1024, n_heads=16, vocab_size=_GPT2_VOCAB, seq_len=2048),
            data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=256), optim=dict(lr=3e-4, min_lr=3e-5, warmup_steps=375),
            trainer=dict(max_steps=100000), cluster=dict(profile='nd_h100_v5', nodes=2),
-           source='seed 2: the "857M" example', notes='the tutorial calls this 857M; its numbers (24 × 1024, GPT-2 vocab) make ≈ 355M parameters'),
+           source='seed 2: the "857M" example', notes='the tutorial calls this 857M (alias gpt3_857m); its numbers (24 × 1024, GPT-2 vocab) make ≈ 356M parameters'),
         _r('bert_large', dict(arch='bert', n_layers=24, hidden=1024, n_heads=16, vocab_size=_BERT_VOCAB, seq_len=128, max_position=512, norm_eps=1e-12, dropout=0.1),
            dict(precision='bf16'), dict(corpus='bert_wikicorpus_hdf5_128', tokenizer='bert-large-uncased', micro_batch=16, global_batch=16 * 32 * 512),
            dict(lr=4e-4, min_lr=0.0, weight_decay=0.01, warmup_steps=2000, decay='linear', betas=[0.9, 0.999], eps=1e-6),
@@ -410,10 +433,20 @@ def _catalog() -> dict:
 # %% ../nbs/api/00_recipes.ipynb #6f649d02
 CATALOG: dict[str, Recipe] = _catalog()
 
+ALIASES = {'gpt3_375m': 'gpt3_64m', 'gpt3_857m': 'gpt3_356m'}   # seed 2's names → the size they compute to
+
+def resolve_name(name: str) -> str:
+    "The catalog name of `name`: itself, or the recipe an alias stands for (saying so on stderr, once per call)."
+    if name not in ALIASES: return name
+    import sys
+    print(f"note: {name} is the seed's name for {ALIASES[name]} (its numbers make {ALIASES[name].split('_')[-1].upper()} parameters); "
+          f"using {ALIASES[name]}", file=sys.stderr)
+    return ALIASES[name]
+
 def get_recipe(name_or_path: str, *overrides: str) -> Recipe:
-    "A catalog recipe by name, or a recipe YAML file, with dotted `overrides` applied."
+    "A catalog recipe by name (or alias), or a recipe YAML file, with dotted `overrides` applied."
     if str(name_or_path).endswith(('.yaml', '.yml')): r = from_yaml(name_or_path)
-    elif name_or_path in CATALOG: r = copy.deepcopy(CATALOG[name_or_path])
+    elif (name := resolve_name(str(name_or_path))) in CATALOG: r = copy.deepcopy(CATALOG[name])
     else:
         import difflib
         near = difflib.get_close_matches(str(name_or_path), CATALOG, n=3)
