@@ -5,7 +5,7 @@
 # %% ../nbs/api/08_cli.ipynb #ce776fd2
 from __future__ import annotations
 import argparse, sys
-from .recipes import RecipeError
+from .errors import EXIT_BAD_INPUT, NxpError, RecipeError
 
 # %% auto #0
 __all__ = ['main']
@@ -33,7 +33,7 @@ def _train(a):
     train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out)
 
 def _setup(a):
-    from nxpretrain.setup import report_text
+    from nxpretrain.machine import report_text
     print(report_text(a.recipes, a.data_dir))
 
 def _compile(a):
@@ -134,5 +134,5 @@ def main(argv=None):
         return data_main(argv[1:])
     a = _parser().parse_args(argv)
     try: return a.fn(a)
-    except RecipeError as e:
-        print(f"nxpretrain {a.command}: {e}", file=sys.stderr); sys.exit(2)
+    except NxpError as e:
+        print(f"nxpretrain {a.command}: {e}", file=sys.stderr); sys.exit(EXIT_BAD_INPUT)
