@@ -727,6 +727,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'nxpretrain.plan.Plan._repr_markdown_': ('api/plan.html#plan._repr_markdown_', 'nxpretrain/plan.py'),
                                  'nxpretrain.plan.Plan.fits': ('api/plan.html#plan.fits', 'nxpretrain/plan.py'),
                                  'nxpretrain.plan.Plan.rows': ('api/plan.html#plan.rows', 'nxpretrain/plan.py'),
+                                 'nxpretrain.plan.Plan.to_dict': ('api/plan.html#plan.to_dict', 'nxpretrain/plan.py'),
                                  'nxpretrain.plan._advice': ('api/plan.html#_advice', 'nxpretrain/plan.py'),
                                  'nxpretrain.plan._human': ('api/plan.html#_human', 'nxpretrain/plan.py'),
                                  'nxpretrain.plan._stage_parameters': ('api/plan.html#_stage_parameters', 'nxpretrain/plan.py'),
