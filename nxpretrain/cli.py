@@ -5,7 +5,7 @@
 # %% ../nbs/api/08_cli.ipynb #ce776fd2
 from __future__ import annotations
 import argparse, json, sys
-from .recipes import RecipeError
+from .errors import EXIT_BAD_INPUT, NxpError, RecipeError, SlurmError
 
 # %% auto #0
 __all__ = ['EXAMPLES', 'parse_args', 'main']
@@ -68,7 +68,7 @@ def _train(a):
     train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out, dry_run=a.dry_run, test_only=a.test_only)
 
 def _setup(a):
-    from nxpretrain.setup import report_text, report_dict, machine_report, recipe_readiness, Table
+    from nxpretrain.machine import report_text, report_dict, machine_report, recipe_readiness, Table
     if a.json: return _print_json(report_dict(a.recipe or a.recipes, a.data_dir))
     if not a.recipe:
         print(report_text(a.recipes, a.data_dir))
@@ -112,11 +112,8 @@ def _watch(a):
     if re.fullmatch(r'\d+(_\d+)?', a.job_id): _require_slurm()          # a log path needs no Slurm
     watch(a.job_id, timeout=a.timeout, widgets=False)
 
-# %% ../nbs/api/08_cli.ipynb #9f1ff111
+# %% ../nbs/api/08_cli.ipynb #cc650eae
 def _evaluate(a):
-    from pathlib import Path
-    if not Path(a.checkpoint).is_dir():
-        raise RecipeError(f"{a.checkpoint}: no such checkpoint folder; checkpoints are runs/<recipe>/checkpoints/step_<N>")
     from nxpretrain.evaluate import perplexity, load_model, sample_text
     from nxpretrain.data.tokenizers import get_tokenizer
     out = dict(checkpoint=a.checkpoint, **perplexity(a.checkpoint, steps=a.steps))
@@ -146,7 +143,7 @@ def _demo(a):
     print(' '.join(cmd), flush=True)
     sys.exit(subprocess.call(cmd))
 
-# %% ../nbs/api/08_cli.ipynb #d8b90ffe
+# %% ../nbs/api/08_cli.ipynb #918fb0e1
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog='nxpretrain', description='From an empty Slurm cluster to LLM pretraining.',
                                  epilog='examples:\n' + '\n'.join(f"  {e}" for c in EXAMPLES for e in EXAMPLES[c][:1]),
@@ -206,7 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--max-steps', type=int, default=0, help='shortcut for trainer.max_steps (default: the recipe)')
     return ap
 
-# %% ../nbs/api/08_cli.ipynb #2c383514
+# %% ../nbs/api/08_cli.ipynb #155d1d56
 def parse_args(argv) -> argparse.Namespace:
     "The parsed arguments of `nxpretrain ARGV…`, options and overrides in any order."
     ap = _parser()
@@ -216,23 +213,21 @@ def parse_args(argv) -> argparse.Namespace:
     a.command = argv[0]
     return a
 
-# %% ../nbs/api/08_cli.ipynb #8e698537
+# %% ../nbs/api/08_cli.ipynb #8d6fc92f
 def _one_line(e: Exception) -> str:
     "A Slurm error in our words; any other error as it is (a recipe error may list several problems, one per line)."
-    from nxpretrain.launch.job import SlurmError
     if not isinstance(e, SlurmError): return str(e)
     from nxpretrain.launch.slurmcheck import slurm_problem, explain_slurm
     return slurm_problem() or explain_slurm(str(e))
 
 def main(argv=None):
     "Entry point of the `nxpretrain` command."
-    from nxpretrain.launch.job import SlurmError
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ['data']:                       # the data stage has its own arguments: one parser, in nxpretrain.data.prepare
         from nxpretrain.data.prepare import main as data_main
         return data_main(argv[1:])
     a = parse_args(argv)
     try: return a.fn(a)
-    except (RecipeError, SlurmError) as e:
+    except NxpError as e:
         print(f"nxpretrain {a.command}: {_one_line(e)}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_BAD_INPUT)

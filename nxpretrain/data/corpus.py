@@ -7,14 +7,11 @@ from __future__ import annotations
 import io, json, os, re, inspect, sysconfig, hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from ..errors import DataError
 
 # %% auto #0
-__all__ = ['DataError', 'demo_documents', 'LineStats', 'parse_line', 'zst_chunks', 'open_stream', 'iter_jsonl', 'line_ranges',
-           'write_jsonl', 'extract_zst', 'sha256_file']
-
-# %% ../../nbs/api/10_corpus.ipynb #629006d2
-class DataError(ValueError):
-    "A problem with input data or prepared files; the message names the file and position and the fix."
+__all__ = ['demo_documents', 'LineStats', 'parse_line', 'zst_chunks', 'open_stream', 'iter_jsonl', 'line_ranges', 'write_jsonl',
+           'extract_zst', 'sha256_file']
 
 # %% ../../nbs/api/10_corpus.ipynb #9890a0b1
 _DOCSTRING = re.compile(r'^[ \t]*[rRuU]?("""|\'\'\')(.*?)\1', re.S | re.M)

@@ -9,14 +9,15 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
-from .corpus import DataError, LineStats, iter_jsonl, line_ranges, demo_documents, write_jsonl, extract_zst
+from ..errors import DataError
+from .corpus import LineStats, iter_jsonl, line_ranges, demo_documents, write_jsonl, extract_zst
 from .indexed import IndexedWriter, IndexedDataset, merge_datasets, token_dtype, check_tokens
 from .tokenizers import get_tokenizer, demo_tokenizer
 
 # %% auto #0
-__all__ = ['CORPORA', 'STAGES', 'encode_documents', 'Job', 'run_job', 'tokenize_files', 'record', 'done', 'read_manifest',
-           'CorpusRecipe', 'corpus_dir', 'run_stage', 'slurm_task', 'array_plan', 'get_recipe_corpus', 'prepare',
-           'prepare_demo', 'ensure_dataset', 'main']
+__all__ = ['CORPORA', 'STAGES', 'encode_documents', 'TokenizeTask', 'run_task', 'tokenize_files', 'record', 'done',
+           'read_manifest', 'CorpusRecipe', 'corpus_dir', 'run_stage', 'slurm_task', 'array_plan', 'get_recipe_corpus',
+           'prepare', 'prepare_demo', 'ensure_dataset', 'main']
 
 # %% ../../nbs/api/14_prepare.ipynb #25acc0a5
 def _cut_points(text: str, max_chars: int) -> list[int]:
@@ -42,9 +43,9 @@ def encode_documents(tok, texts: list[str], max_chars: int = 1 << 20) -> tuple[n
 
 # %% ../../nbs/api/14_prepare.ipynb #f5610172
 @dataclass
-class Job:
+class TokenizeTask:
     path: str                  # input .jsonl or .jsonl.zst
-    out_prefix: str            # shard written by this job
+    out_prefix: str            # shard written by this task
     tokenizer: str             # tokenizer spec
     cache_dir: str = 'runs/data'
     start: int = 0
@@ -61,14 +62,14 @@ def _init_worker(counter):
     _progress = counter
 
 # %% ../../nbs/api/14_prepare.ipynb #54e993f4
-def run_job(job: Job, on_bytes=None) -> dict:
-    "Tokenize `job.path[start:end]` into the shard `job.out_prefix`; returns its statistics."
-    tok = get_tokenizer(job.tokenizer, job.cache_dir)
+def run_task(task: TokenizeTask, on_bytes=None) -> dict:
+    "Tokenize `task.path[start:end]` into the shard `task.out_prefix`; returns its statistics."
+    tok = get_tokenizer(task.tokenizer, task.cache_dir)
     st, t0 = LineStats(), time.time()
-    lines = iter_jsonl(job.path, job.key, st, job.strict, job.start, job.end)
-    with IndexedWriter(job.out_prefix, token_dtype(tok.vocab_size), tok.vocab_size) as w:
+    lines = iter_jsonl(task.path, task.key, st, task.strict, task.start, task.end)
+    with IndexedWriter(task.out_prefix, token_dtype(tok.vocab_size), tok.vocab_size) as w:
         done = 0
-        while batch := list(itertools.islice(lines, job.batch)):
+        while batch := list(itertools.islice(lines, task.batch)):
             w.add_documents(*encode_documents(tok, batch))
             if on_bytes or _progress is not None:
                 n, done = st.bytes - done, st.bytes
@@ -89,29 +90,29 @@ def tokenize_files(inputs: list, # .jsonl / .jsonl.zst files, in output order
     for p in inputs:
         if not Path(p).exists(): raise DataError(f'{p}: input file missing')
     get_tokenizer(tokenizer, cache_dir)   # fail fast on a bad spec (and train/cache the demo tokenizer once)
-    jobs = []
+    tasks = []
     for i, p in enumerate(inputs):
         # several ranges per worker, dealt dynamically: a worker slowed by a busy core does not hold up the others
         parts = min(4 * workers, max(workers, os.path.getsize(p) >> 20))
         ranges = [(0, None)] if str(p).endswith('.zst') or workers == 1 else line_ranges(p, parts)
-        jobs += [Job(str(p), f'{out_prefix}.part{i:04d}-{j:03d}', tokenizer, cache_dir, a, b, key, strict) for j, (a, b) in enumerate(ranges)]
+        tasks += [TokenizeTask(str(p), f'{out_prefix}.part{i:04d}-{j:03d}', tokenizer, cache_dir, a, b, key, strict) for j, (a, b) in enumerate(ranges)]
     total = sum(os.path.getsize(p) for p in inputs)
     bar = tqdm(total=total, unit='B', unit_scale=True, desc=f'tokenize {Path(out_prefix).name}', disable=not progress)
     try:
-        if workers == 1: results = [run_job(j, bar.update) for j in jobs]
+        if workers == 1: results = [run_task(t, bar.update) for t in tasks]
         else:
             counter = mp.get_context('fork').Value('q', 0)
             with mp.get_context('fork').Pool(workers, _init_worker, (counter,)) as pool:
-                res = pool.map_async(run_job, jobs, chunksize=1)
+                res = pool.map_async(run_task, tasks, chunksize=1)
                 while not res.ready():
                     res.wait(0.2); bar.n = counter.value; bar.refresh()
                 results = res.get()
     except BaseException:
-        for j in jobs:
-            for s in ('.bin', '.idx', '.bin.part', '.idx.part'): Path(j.out_prefix + s).unlink(missing_ok=True)
+        for t in tasks:
+            for s in ('.bin', '.idx', '.bin.part', '.idx.part'): Path(t.out_prefix + s).unlink(missing_ok=True)
         raise
     finally: bar.close()
-    merge_datasets([j.out_prefix for j in jobs], out_prefix, remove=True)
+    merge_datasets([t.out_prefix for t in tasks], out_prefix, remove=True)
     stats = {k: sum(r[k] for r in results) for k in ('documents', 'bad', 'empty', 'chars', 'bytes', 'tokens')}
     stats['examples'] = [e for r in results for e in r['examples']][:5]
     stats['seconds'] = time.time() - t0

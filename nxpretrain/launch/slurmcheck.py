@@ -6,6 +6,7 @@
 from __future__ import annotations
 import os, re, shutil, subprocess
 from pathlib import Path
+from ..errors import SlurmError
 
 # %% auto #0
 __all__ = ['POINT_AT_A_CLUSTER', 'explain_slurm', 'slurm_problem', 'require_slurm']
@@ -45,5 +46,4 @@ def slurm_problem(env: dict | None = None, timeout: float = 10) -> str:
 # %% ../../nbs/api/55_slurmcheck.ipynb #24eb81fd
 def require_slurm(env: dict | None = None) -> None:
     "Raise `SlurmError` with `slurm_problem`'s line when no Slurm controller answers here."
-    from nxpretrain.launch.job import SlurmError
     if why := slurm_problem(env): raise SlurmError(why)
