@@ -15,7 +15,8 @@ from .clusters import profile
 __all__ = ['SHARED_FS', 'KEY_PACKAGES', 'Table', 'host_info', 'pkg_version', 'torch_build', 'neuron_info', 'backend_of', 'Device',
            'cuda_devices', 'devices', 'SlurmInfo', 'parse_sinfo', 'slurm_info', 'Mount', 'parse_mounts', 'mount_of',
            'storage_info', 'MachineReport', 'machine_report', 'report_table', 'recipe_needs', 'data_dir_default',
-           'tokenizer_ready', 'corpus_ready', 'data_gaps', 'gres_nodes', 'recipe_gaps', 'readiness', 'report_text']
+           'tokenizer_ready', 'corpus_ready', 'data_gaps', 'gres_nodes', 'recipe_gaps', 'readiness', 'recipe_readiness',
+           'report_dict', 'report_text']
 
 # %% ../nbs/api/03_machine.ipynb #191d6967
 @dataclass
@@ -29,11 +30,20 @@ class Table:
         head = ['| ' + ' | '.join(map(cell, self.header)) + ' |', '|' + ' --- |' * len(self.header)]
         return '\n'.join(head + ['| ' + ' | '.join(map(cell, r)) + ' |' for r in self.rows])
 
-    def __str__(self):
-        cells = [[str(v) for v in r] for r in [self.header, *self.rows]]
-        widths = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
-        return '\n'.join('  '.join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells)
+    def text(self, width: int = 100) -> str:
+        "Aligned columns in at most `width` characters: the last column wraps under itself."
+        import textwrap
+        cells = [[str(v).replace('\n', ' ') for v in r] for r in [self.header, *self.rows]]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(self.header) - 1)]
+        indent = sum(widths) + 2 * len(widths)
+        out = []
+        for r in cells:
+            head = ''.join(v.ljust(w) + '  ' for v, w in zip(r, widths))
+            last = textwrap.wrap(r[-1], max(width - indent, 20), break_on_hyphens=False) or ['']
+            out += [(head + last[0]).rstrip()] + [' ' * indent + line for line in last[1:]]
+        return '\n'.join(out)
 
+    def __str__(self): return self.text()
     __repr__ = __str__
 
 # %% ../nbs/api/03_machine.ipynb #a9a24bdc
@@ -360,18 +370,40 @@ def recipe_gaps(recipe: Recipe, report: MachineReport, data_dir=None) -> list[st
     return out + data_gaps(recipe, data_dir)
 
 # %% ../nbs/api/03_machine.ipynb #c4b2a215
+def _recipe_names(recipes) -> list[str]:
+    if recipes in ('all', None, ''): return list(CATALOG)
+    return [n.strip() for n in recipes.split(',')] if isinstance(recipes, str) else list(recipes)
+
+def _runs_on(recipe: Recipe) -> str:
+    "`recipe_needs` in a few words: nodes × instance and devices."
+    p, n = profile(recipe.cluster.profile), recipe.cluster.nodes
+    if p.backend == 'gloo' and n == 1: return f"this CPU, {world_size(recipe)} process{'es' * (world_size(recipe) > 1)}"
+    return f"{n} × {p.name}, {world_size(recipe)} {_DEVICE_WORD[p.backend]}"
+
 def readiness(report: MachineReport, recipes='all', data_dir=None) -> Table:
-    "For each recipe (names, comma-separated names, or 'all'): what it needs and what is missing here."
-    names = list(CATALOG) if recipes in ('all', None, '') else [n.strip() for n in recipes.split(',')] if isinstance(recipes, str) else list(recipes)
+    "One row per recipe (names, comma-separated names, or 'all'): what it runs on and which kinds of thing are missing here."
     rows = []
-    for n in names:
-        rec = get_recipe(n)
-        gaps = recipe_gaps(rec, report, data_dir)
-        rows.append([n, recipe_needs(rec), 'ready' if not gaps else '; '.join(gaps)])
-    return Table(['recipe', 'needs', 'missing here'], rows)
+    for n in _recipe_names(recipes):
+        gaps = recipe_gaps(get_recipe(n), report, data_dir)
+        rows.append([n, _runs_on(get_recipe(n)), ', '.join(g.split(':')[0] for g in gaps) or 'ready'])
+    return Table(['recipe', 'runs on', 'missing here'], rows)
 
 # %% ../nbs/api/03_machine.ipynb #7d5a429d
-def report_text(recipes='all', data_dir=None, paths=('.',)) -> str:
-    "The machine report, package versions and recipe readiness as plain text, for the command line."
+def recipe_readiness(report: MachineReport, name: str, data_dir=None) -> dict:
+    "{'recipe', 'needs', 'ready', 'missing'} of recipe `name` on the machine of `report`: the gaps one full line each."
+    rec = get_recipe(name)
+    gaps = recipe_gaps(rec, report, data_dir)
+    return dict(recipe=rec.name, needs=recipe_needs(rec), ready=not gaps, missing=gaps)
+
+# %% ../nbs/api/03_machine.ipynb #daf361a2
+def report_dict(recipes='all', data_dir=None, paths=('.',), report: MachineReport | None = None) -> dict:
+    "The machine report and each recipe's readiness as plain data (JSON-ready)."
+    r = report or machine_report(paths)
+    return dict(machine=r.to_dict(), backend=r.backend, recipes=[recipe_readiness(r, n, data_dir) for n in _recipe_names(recipes)])
+
+# %% ../nbs/api/03_machine.ipynb #09612ef2
+def report_text(recipes='all', data_dir=None, paths=('.',), width: int = 100) -> str:
+    "The machine report, package versions and recipe readiness as plain text of at most `width` columns."
     r = machine_report(paths)
-    return '\n\n'.join([str(r), str(r.versions()), str(readiness(r, recipes, data_dir))])
+    tables = [report_table(r), r.versions(), readiness(r, recipes, data_dir)]
+    return '\n\n'.join(t.text(width) for t in tables)
