@@ -5,6 +5,7 @@
 # %% ../nbs/api/01_clusters.ipynb #e28a876d
 from __future__ import annotations
 from dataclasses import dataclass, field
+from .errors import RecipeError
 
 # %% auto #0
 __all__ = ['PROFILES', 'ClusterProfile', 'profile', 'profiles_table']
@@ -41,6 +42,8 @@ _EFA_NCCL_ENV = {'FI_PROVIDER': 'efa', 'FI_EFA_USE_DEVICE_RDMA': '1', 'FI_EFA_FO
                  'NCCL_SOCKET_IFNAME': '^lo,docker'}
 _IB_NCCL_ENV = {'NCCL_IB_PCI_RELAXED_ORDERING': '1', 'NCCL_SOCKET_IFNAME': 'eth0', 'NCCL_DEBUG': 'WARN',
                 'UCX_TLS': 'rc', 'UCX_NET_DEVICES': 'mlx5_ib0:1', 'NCCL_TOPO_FILE': '/opt/microsoft/ndv5-topo.xml'}
+# seed 1's enroot image on the shared EBS volume /apps (enroot import of the NeMo 22.09 + EFA Docker image)
+_SEED1_IMAGE = '/apps/bignlp-training_22.09-py3-bcp-nsys-2022.5.1-v2-efa.sqsh'
 _FSX, _AZ = 'FSx for Lustre (/fsx)', 'Azure Managed Lustre or NFS (/shared)'
 
 # %% ../nbs/api/01_clusters.ipynb #34757229
@@ -58,7 +61,8 @@ PROFILES: dict[str, ClusterProfile] = {p.name: p for p in [
     ClusterProfile('trn2.48xlarge-lnc1', 'neuron', 128, 12, 82, 192, 2048, 3200, env={**_NEURON_ENV, 'NEURON_LOGICAL_NC_CONFIG': '1'},
                    interconnect='efa', storage=_FSX, lnc=1, notes='LNC 1 → 128 cores of 12 GiB'),
     ClusterProfile('p4de.24xlarge', 'nccl', 8, 80, 312, 96, 1152, 400, 'gpu:8', _EFA_NCCL_ENV, interconnect='efa', storage=_FSX,
-                   container='/fsx/nemo.sqsh', container_mounts='/fsx:/fsx', notes='8 × A100 80 GB, EFA, enroot/pyxis as in seed 1'),
+                   container=_SEED1_IMAGE, container_mounts='/fsx:/fsx,/apps:/apps',
+                   notes='8 × A100 80 GB, EFA, enroot/pyxis as in seed 1: its image (NeMo 22.09 + EFA) with nxpretrain installed into it'),
     ClusterProfile('p5.48xlarge', 'nccl', 8, 80, 989, 192, 2048, 3200, 'gpu:8', _EFA_NCCL_ENV, interconnect='efa', storage=_FSX,
                    notes='8 × H100 80 GB, EFA'),
     ClusterProfile('nd_h100_v5', 'nccl', 8, 80, 989, 96, 1900, 3200, 'gpu:8', _IB_NCCL_ENV, container='pytorch.sqsh',
@@ -73,7 +77,6 @@ PROFILES: dict[str, ClusterProfile] = {p.name: p for p in [
 def profile(name: str) -> ClusterProfile:
     "The profile called `name`; a one-line error lists the known ones."
     if name not in PROFILES:
-        from nxpretrain.recipes import RecipeError
         raise RecipeError(f"cluster.profile={name!r}: unknown profile; choose one of {', '.join(PROFILES)}")
     return PROFILES[name]
 

@@ -8,15 +8,14 @@ import dataclasses, typing, math, copy, re
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
+from .errors import RecipeError
+from .clusters import profile
 
 # %% auto #0
-__all__ = ['DEMO_VOCAB', 'CATALOG', 'RecipeError', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig', 'TrainerConfig',
-           'ClusterConfig', 'Recipe', 'from_dict', 'to_dict', 'to_yaml', 'from_yaml', 'override', 'recipe_value',
-           'padded_vocab', 'world_size', 'data_parallel_size', 'problems', 'validate', 'get_recipe']
-
-# %% ../nbs/api/00_recipes.ipynb #f8987b04
-class RecipeError(ValueError):
-    "A recipe or override is wrong; the message names the field and the fix, one line per problem."
+__all__ = ['DEMO_VOCAB', 'CATALOG', 'ALIASES', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig', 'TrainerConfig',
+           'ClusterConfig', 'Recipe', 'field_keys', 'nearest_field', 'from_dict', 'to_dict', 'to_yaml', 'from_yaml',
+           'override', 'recipe_value', 'padded_vocab', 'world_size', 'data_parallel_size', 'problems', 'validate',
+           'resolve_name', 'get_recipe']
 
 # %% ../nbs/api/00_recipes.ipynb #6f92bc64
 @dataclass
@@ -106,6 +105,7 @@ class TrainerConfig:
     device: str = 'auto'                 # auto | cpu | cuda | neuron
     threads: int = 0                     # CPU threads per process; 0 = torch default
     resume: bool = True                  # auto-resume from the newest complete checkpoint
+    upload_to: str = ''                  # s3://bucket/prefix: copy each complete checkpoint there (nxpretrain.train.mirror)
 
 # %% ../nbs/api/00_recipes.ipynb #aa347d24
 @dataclass
@@ -149,6 +149,28 @@ def _coerce(value, tp, where):
     raise RecipeError(f"{where}: expected {getattr(base, '__name__', base)}, got {value!r}; fix the value")
 
 # %% ../nbs/api/00_recipes.ipynb #aa882193
+def field_keys(d: dict, prefix: str = '') -> list[str]:
+    "Every dotted key of a recipe dict (`to_dict(recipe)`): `name`, `model.hidden`, `optim.lr`, …"
+    out = []
+    for k, v in d.items():
+        out += field_keys(v, f"{prefix}{k}.") if isinstance(v, dict) and k != 'rope_scaling' else [prefix + k]
+    return out
+
+# %% ../nbs/api/00_recipes.ipynb #e5f2bcb0
+def nearest_field(key: str, keys: list[str]) -> str | None:
+    "The field of `keys` closest to `key`: by the whole dotted key, else by its last part."
+    import difflib
+    if near := difflib.get_close_matches(key, keys, n=1, cutoff=0.6): return near[0]
+    last = key.split('.')[-1]
+    by_last = {k.split('.')[-1]: k for k in reversed(keys)}
+    near = difflib.get_close_matches(last, list(by_last), n=1, cutoff=0.6)
+    return by_last[near[0]] if near else None
+
+def _no_field(key: str, d: dict) -> str:
+    near = nearest_field(key, field_keys(d))
+    return f"no such field {key}" + (f"; did you mean {near}?" if near else "; see `nxpretrain show MODEL` for the fields")
+
+# %% ../nbs/api/00_recipes.ipynb #da2ccec8
 def from_dict(cls, d: dict, where: str = ''):
     "Build dataclass `cls` from a (nested) dict, strictly."
     if isinstance(d, cls): return d
@@ -156,7 +178,8 @@ def from_dict(cls, d: dict, where: str = ''):
     types, known = _field_types(cls), {f.name for f in fields(cls)}
     for k in d:
         if k not in known:
-            raise RecipeError(f"{where + '.' if where else ''}{k}: unknown field; known fields: {', '.join(sorted(known))}")
+            near = nearest_field(k, sorted(known))
+            raise RecipeError(f"{where + '.' if where else ''}{k}: unknown field; " + (f"did you mean {near}?" if near else f"known fields: {', '.join(sorted(known))}"))
     return cls(**{k: _coerce(v, types[k], f"{where + '.' if where else ''}{k}") for k, v in d.items()})
 
 # %% ../nbs/api/00_recipes.ipynb #ad6a0375
@@ -189,11 +212,10 @@ def override(recipe: Recipe, *assignments: str) -> Recipe:
             key, raw = item.split('=', 1)
             *path, last = key.strip().split('.')
             node = d
-            for i, p in enumerate(path):
-                if not isinstance(node.get(p), dict):
-                    raise RecipeError(f"override {key}: {'.'.join(path[:i+1])} is not a section; sections: {', '.join(k for k,v in d.items() if isinstance(v, dict))}")
+            for p in path:
+                if not isinstance(node.get(p), dict): raise RecipeError(f"override {item}: {_no_field(key.strip(), d)}")
                 node = node[p]
-            if last not in node: raise RecipeError(f"override {key}: unknown field {last!r}; known: {', '.join(node)}")
+            if last not in node: raise RecipeError(f"override {item}: {_no_field(key.strip(), d)}")
             try: node[last] = yaml.safe_load(raw)
             except yaml.YAMLError: node[last] = raw
             if isinstance(node[last], (int, float)) and isinstance(recipe_value(recipe, key), str): node[last] = raw
@@ -214,7 +236,6 @@ def padded_vocab(model: ModelConfig, tp: int = 1) -> int:
 # %% ../nbs/api/00_recipes.ipynb #f81a1d67
 def world_size(recipe: Recipe) -> int:
     "Devices the recipe's cluster gives: nodes × devices per node of its profile."
-    from nxpretrain.clusters import profile
     return recipe.cluster.nodes * profile(recipe.cluster.profile).devices_per_node
 
 def data_parallel_size(recipe: Recipe, world: int | None = None) -> int:
@@ -274,6 +295,8 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
         if p.dp not in (-1, dp): out.append(f"parallel.dp={p.dp} but the world gives {world}/(tp·pp·cp)={dp}: set parallel.dp=-1 or {dp}")
         if d.global_batch % (d.micro_batch * dp):
             out.append(f"data.global_batch={d.global_batch} is not divisible by data.micro_batch×DP={d.micro_batch}×{dp}: use a multiple of {d.micro_batch * dp}")
+    if recipe.trainer.upload_to and not recipe.trainer.upload_to.startswith('s3://'):
+        out.append(f"trainer.upload_to={recipe.trainer.upload_to!r}: give an s3://bucket/prefix address, or '' for no upload")
     if recipe.optim.warmup_steps > recipe.trainer.max_steps: out.append(f"optim.warmup_steps={recipe.optim.warmup_steps} exceeds trainer.max_steps={recipe.trainer.max_steps}: shorten the warmup")
     return out
 
@@ -310,6 +333,24 @@ _LLAMA_DATA = dict(corpus='wikicorpus-llama3', tokenizer='llama3', micro_batch=1
 _LLAMA31_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192)
 
 # %% ../nbs/api/00_recipes.ipynb #e59fc190
+_PILE_DIR = '/fsx/data/the_pile_gpt3'
+_PILE_GPT3 = [x for i in range(30) for x in (0.0334 if i == 29 else 0.0333, f'{_PILE_DIR}/my-gpt3_{i:02d}_text_document')]
+_NEMO_GPT3_DATA = dict(corpus=f'{_PILE_DIR}/my-gpt3_00_text_document', tokenizer='/fsx/data/bpe/vocab.json', split='99990,8,2',
+                       blend=_PILE_GPT3, num_workers=2)
+# seed 1's FSx for Lustre: SCRATCH_2, 4800 GiB, 200 MB/s per TiB baseline ≈ 0.94 GB/s
+_NEMO_DEPARTS = ('departs from NeMo: AdamW with ZeRO-1 for distributed_fused_adam (the same update), '
+                 'no Transformer Engine or fused kernels, the newest `keep_last` checkpoints instead of top-k by validation loss; '
+                 'CosineAnnealing constant_steps become optim.decay_steps = max_steps - constant_steps')
+
+def _gpt3_p4de(name, model, parallel, micro, gbs, optim, max_steps, eval_steps, nodes, notes):
+    return _r(name, dict(arch='gpt', vocab_size=_GPT2_VOCAB, seq_len=2048, dropout=0.1, **model), parallel,
+              dict(_NEMO_GPT3_DATA, micro_batch=micro, global_batch=gbs),
+              dict(weight_decay=0.1, betas=[0.9, 0.95], clip_grad=1.0, **optim),
+              dict(max_steps=max_steps, log_every=10, eval_every=2000, eval_steps=eval_steps, save_every=2000, keep_last=5),
+              dict(profile='p4de.24xlarge', nodes=nodes, storage_gbps=0.94), source='seed 1: NeMo GPT-3 on ParallelCluster p4de.24xlarge (enroot/pyxis)',
+              notes=notes + '; ' + _NEMO_DEPARTS)
+
+# %% ../nbs/api/00_recipes.ipynb #92219099
 # fp32 on CPU: many CPUs (AVX2-only ones among them) have no bf16 instructions, and bf16 matmuls there run ~50× slower
 _CPU_PAR = dict(precision='fp32')
 
@@ -341,17 +382,27 @@ def _catalog() -> dict:
            dict(max_steps=250000, save_every=10000, eval_every=1000, eval_steps=10, log_every=1),
            dict(profile='nd_h100_v5', nodes=16, storage_gbps=19.2),
            source='seed 2: Megatron-LM GPT-3 175B on Azure ND H100 v5 (SlimPajama)', notes='GBS ≈ 16×GPUs; checkpoint ≈ 2.3 TiB'),
+        _gpt3_p4de('gpt3_175b_p4de', dict(n_layers=96, hidden=12288, n_heads=96, init_std=0.006),
+                   dict(tp=4, pp=8, virtual_pp=12, pp_schedule='interleaved', sequence_parallel=True, zero1=True,
+                        activation_checkpointing='selective', checkpoint_modules=['attention']),
+                   1, 2048, dict(lr=0.9e-4, min_lr=0.9e-5, warmup_steps=115, decay_steps=75000 - 12500), 75000, 20, 16,
+                   notes="NeMo's gpt3/175b.yaml (TP 4, PP 8, VPP 12, GBS 2048) on the seed's 16 nodes instead of NeMo's 128: "
+                         "DP 4, so each step accumulates 512 micro-batches"),
+        _gpt3_p4de('gpt3_126m_p4de', dict(n_layers=12, hidden=768, n_heads=12, init_std=0.023), {},
+                   4, 256, dict(lr=6e-4, min_lr=6e-5, warmup_steps=636, decay_steps=600000 - 100000), 600000, 50, 8,
+                   notes="the seed's smaller submit example (submit-gpt3-04b8…) names no hyperparameters; this is NeMo's "
+                         "gpt3/126m.yaml on its 8 nodes, the smallest GPT-3 NeMo configures"),
         _r('gpt3_125m', dict(arch='gpt', n_layers=12, hidden=768, n_heads=12, vocab_size=_GPT2_VOCAB, seq_len=2048),
            data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=8, global_batch=256), optim=dict(lr=6e-4, min_lr=6e-5, warmup_steps=375),
            trainer=dict(max_steps=100000), cluster=dict(profile='p5.48xlarge', nodes=1), source='GPT-3 paper table 2.1 (Small)'),
-        _r('gpt3_375m', dict(arch='gpt', n_layers=12, hidden=512, n_heads=8, vocab_size=_GPT2_VOCAB, seq_len=1024),
+        _r('gpt3_64m', dict(arch='gpt', n_layers=12, hidden=512, n_heads=8, vocab_size=_GPT2_VOCAB, seq_len=1024),
            data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=32), optim=dict(lr=6e-5, min_lr=6e-6, warmup_steps=100),
            trainer=dict(max_steps=1000, save_every=1000, eval_every=1000), cluster=dict(profile='nd_h100_v5', nodes=2),
-           source='seed 2: the "375M" two-node system check', notes='the tutorial calls this 375M; its numbers (12 × 512, GPT-2 vocab) make ≈ 64M parameters'),
-        _r('gpt3_857m', dict(arch='gpt', n_layers=24, hidden=1024, n_heads=16, vocab_size=_GPT2_VOCAB, seq_len=2048),
+           source='seed 2: the "375M" two-node system check', notes='the tutorial calls this 375M (alias gpt3_375m); its numbers (12 × 512, GPT-2 vocab) make ≈ 64M parameters'),
+        _r('gpt3_356m', dict(arch='gpt', n_layers=24, hidden=1024, n_heads=16, vocab_size=_GPT2_VOCAB, seq_len=2048),
            data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=256), optim=dict(lr=3e-4, min_lr=3e-5, warmup_steps=375),
            trainer=dict(max_steps=100000), cluster=dict(profile='nd_h100_v5', nodes=2),
-           source='seed 2: the "857M" example', notes='the tutorial calls this 857M; its numbers (24 × 1024, GPT-2 vocab) make ≈ 355M parameters'),
+           source='seed 2: the "857M" example', notes='the tutorial calls this 857M (alias gpt3_857m); its numbers (24 × 1024, GPT-2 vocab) make ≈ 356M parameters'),
         _r('bert_large', dict(arch='bert', n_layers=24, hidden=1024, n_heads=16, vocab_size=_BERT_VOCAB, seq_len=128, max_position=512, norm_eps=1e-12, dropout=0.1),
            dict(precision='bf16'), dict(corpus='bert_wikicorpus_hdf5_128', tokenizer='bert-large-uncased', micro_batch=16, global_batch=16 * 32 * 512),
            dict(lr=4e-4, min_lr=0.0, weight_decay=0.01, warmup_steps=2000, decay='linear', betas=[0.9, 0.999], eps=1e-6),
@@ -379,10 +430,20 @@ def _catalog() -> dict:
 # %% ../nbs/api/00_recipes.ipynb #6f649d02
 CATALOG: dict[str, Recipe] = _catalog()
 
+ALIASES = {'gpt3_375m': 'gpt3_64m', 'gpt3_857m': 'gpt3_356m'}   # seed 2's names → the size they compute to
+
+def resolve_name(name: str) -> str:
+    "The catalog name of `name`: itself, or the recipe an alias stands for (saying so on stderr, once per call)."
+    if name not in ALIASES: return name
+    import sys
+    print(f"note: {name} is the seed's name for {ALIASES[name]} (its numbers make {ALIASES[name].split('_')[-1].upper()} parameters); "
+          f"using {ALIASES[name]}", file=sys.stderr)
+    return ALIASES[name]
+
 def get_recipe(name_or_path: str, *overrides: str) -> Recipe:
-    "A catalog recipe by name, or a recipe YAML file, with dotted `overrides` applied."
+    "A catalog recipe by name (or alias), or a recipe YAML file, with dotted `overrides` applied."
     if str(name_or_path).endswith(('.yaml', '.yml')): r = from_yaml(name_or_path)
-    elif name_or_path in CATALOG: r = copy.deepcopy(CATALOG[name_or_path])
+    elif (name := resolve_name(str(name_or_path))) in CATALOG: r = copy.deepcopy(CATALOG[name])
     else:
         import difflib
         near = difflib.get_close_matches(str(name_or_path), CATALOG, n=3)

@@ -8,19 +8,17 @@ import contextlib, io, json, os, pickle, shutil, threading, time, warnings
 import crc32c
 from dataclasses import dataclass, asdict
 from pathlib import Path
+from ..errors import CheckpointError
 
 # %% auto #0
-__all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'CheckpointError', 'step_dir', 'checkpoint_step', 'crc_file',
-           'verify_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world', 'barrier',
+__all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'step_dir', 'checkpoint_step', 'crc_file', 'verify_checkpoint',
+           'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world', 'quiet_dcp', 'barrier',
            'broadcast_object', 'rng_state', 'set_rng_state', 'Checkpointer', 'ChecksummedFile', 'shard_writer',
            'load_weights', 'TrainState', 'TrainingStateDict']
 
 # %% ../../nbs/api/41_checkpoint.ipynb #c7ee9ec9
 MARKER = 'COMPLETE'              # written last: its presence means every shard is on disk
 TRAINER_STATE = 'trainer_state.json'
-
-class CheckpointError(RuntimeError):
-    "A checkpoint is partial, corrupted or missing; the message names the folder and file."
 
 def step_dir(root, step: int) -> Path: return Path(root) / f'step_{int(step)}'
 
@@ -111,7 +109,7 @@ def _dist():
 def rank() -> int: return d.get_rank() if (d := _dist()) else 0
 def world() -> int: return d.get_world_size() if (d := _dist()) else 1
 @contextlib.contextmanager
-def _quiet():
+def quiet_dcp():
     "Silence DCP's 'assuming the intent is to save in a single process' warning: in one process that is the intent."
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='torch.distributed is disabled')
@@ -241,8 +239,13 @@ def _prune(root: Path, keep_last: int, log=print):
     newest = checkpoint_step(complete[-1])
     doomed = (complete[:-keep_last] if keep_last > 0 else []) + [p for p in ckpts if not (p / MARKER).exists() and checkpoint_step(p) < newest]
     for p in doomed:
-        # marker first: a half-deleted folder must never look complete
-        (p / MARKER).unlink(missing_ok=True); shutil.rmtree(p, ignore_errors=True)
+        try:
+            # marker first: a half-deleted folder must never look complete
+            (p / MARKER).unlink(missing_ok=True)
+            shutil.rmtree(p)
+        except OSError as e:
+            # pruning runs in a background thread: say what is left, never stop the run for it
+            log(f"warning: could not delete old checkpoint {p} ({e}); delete it by hand to free its space")
 
 # %% ../../nbs/api/41_checkpoint.ipynb #e6f8fdf1
 def _stage(state, staged=None):
@@ -278,7 +281,7 @@ def save(self: Checkpointer, step: int, state: dict, trainer_state: dict, planne
     with open(rng, 'rb') as f: os.fsync(f.fileno())   # on disk before the marker names it
     def write(state, pg=None):
         writer = shard_writer(d)
-        with _quiet(): dcp.save(state, storage_writer=writer, planner=planner, process_group=pg, no_dist=_dist() is None)
+        with quiet_dcp(): dcp.save(state, storage_writer=writer, planner=planner, process_group=pg, no_dist=_dist() is None)
         _report_rank_files(d, r, writer.files)
         if r == 0:
             _finish(d, n, self.timeout_s)
@@ -332,7 +335,7 @@ def load(self: Checkpointer, state: dict, path=None, rng: bool = True) -> dict |
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import load_file
     if (d := self.find(path)) is None: return None
-    with _quiet(): dcp.load(state, storage_reader=safe_reader(d), no_dist=_dist() is None)
+    with quiet_dcp(): dcp.load(state, storage_reader=safe_reader(d), no_dist=_dist() is None)
     if rng and (f := d / f'rng_rank{rank()}.safetensors').exists(): set_rng_state(load_file(str(f)))
     self.log(f"resumed from {d}")
     return json.loads((d / TRAINER_STATE).read_text())
@@ -345,7 +348,7 @@ def load_weights(model, path) -> Path:
     d = Path(path)
     if rank() == 0: verify_checkpoint(d)
     sd = {'model': get_model_state_dict(model)}
-    with _quiet(): dcp.load(sd, storage_reader=safe_reader(d), no_dist=_dist() is None)
+    with quiet_dcp(): dcp.load(sd, storage_reader=safe_reader(d), no_dist=_dist() is None)
     set_model_state_dict(model, sd['model'])
     return d
 

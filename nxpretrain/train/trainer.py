@@ -8,21 +8,18 @@ import json, math, os, signal, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from ..recipes import Recipe, RecipeError, padded_vocab, validate, to_dict
+from ..errors import EXIT_REQUEUE, TrainingError
 
 # %% auto #0
-__all__ = ['EXIT_OK', 'EXIT_REQUEUE', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'TrainingError',
-           'SyntheticTokens', 'synthetic_datasets', 'one_rank_first', 'build_datasets', 'micro_batches', 'concat',
-           'model_inputs', 'TrainResult', 'StopFlag', 'precision_for_device', 'evaluate_loss', 'Trainer', 'train']
+__all__ = ['EXIT_OK', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'SyntheticTokens', 'synthetic_datasets',
+           'one_rank_first', 'build_datasets', 'micro_batches', 'concat', 'model_inputs', 'TrainResult', 'StopFlag',
+           'precision_for_device', 'evaluate_loss', 'Trainer', 'train']
 
 # %% ../../nbs/api/43_trainer.ipynb #625aac2e
 EXIT_OK = 0
-EXIT_REQUEUE = 75         # stopped by SIGTERM/SIGUSR1 after saving: requeue and the run resumes
 EXIT_NONFINITE = 3        # loss or gradient stayed NaN/inf for `MAX_NONFINITE` steps in a row
 MAX_NONFINITE = 5
 STOP_SIGNALS = ('SIGTERM', 'SIGUSR1')
-
-class TrainingError(RuntimeError):
-    "Training cannot go on (e.g. the loss stays NaN); the message says why and what to change."
 
 # %% ../../nbs/api/43_trainer.ipynb #acc19ee4
 class SyntheticTokens:
