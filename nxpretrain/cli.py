@@ -4,37 +4,78 @@
 
 # %% ../nbs/api/08_cli.ipynb #ce776fd2
 from __future__ import annotations
-import argparse, sys
-from .recipes import RecipeError
+import argparse, json, sys
+from .errors import EXIT_BAD_INPUT, NxpError, RecipeError, SlurmError
 
 # %% auto #0
-__all__ = ['main']
+__all__ = ['EXAMPLES', 'parse_args', 'main']
 
 # %% ../nbs/api/08_cli.ipynb #9830bc2f
+EXAMPLES = {
+    'recipes': ['nxpretrain recipes', 'nxpretrain recipes --json'],
+    'show': ['nxpretrain show gpt3_23b optim.lr=1e-4', 'nxpretrain show --json gpt3_tiny parallel.tp=2'],
+    'plan': ['nxpretrain plan llama3_70b parallel.pp=4', 'nxpretrain plan --world 256 gpt3_23b --json'],
+    'train': ['nxpretrain train gpt3_tiny --max-steps 50',
+              'nxpretrain train gpt3_tiny cluster.profile=cpu parallel.tp=2 --max-steps 20',
+              'nxpretrain train --cluster compute gpt3_23b optim.lr=1e-4 --dry-run',
+              'nxpretrain train gpt3_tiny --cluster debug@2 data.global_batch=16 --test-only',
+              'nxpretrain train gpt3_tiny --cluster debug --max-steps 50'],
+    'setup': ['nxpretrain setup', 'nxpretrain setup --recipe llama3_70b', 'nxpretrain setup --recipes gpt3_tiny,gpt3_23b --json'],
+    'compile': ['nxpretrain compile gpt3_23b --cluster trn1'],
+    'jobs': ['nxpretrain jobs', 'nxpretrain jobs --json'],
+    'tail': ['nxpretrain tail JOB_ID -n 50'],
+    'watch': ['nxpretrain watch JOB_ID --timeout 600'],
+    'cancel': ['nxpretrain cancel JOB_ID --signal USR1', 'nxpretrain cancel JOB_ID'],
+    'evaluate': ['nxpretrain evaluate runs/gpt3_tiny/checkpoints/step_50 --prompt "def "',
+                 'nxpretrain evaluate --json runs/gpt3_tiny/checkpoints/step_50 --steps 2'],
+    'export-hf': ['nxpretrain export-hf runs/gpt3_tiny/checkpoints/step_50 runs/hf/gpt3_tiny'],
+    'import-hf': ['nxpretrain import-hf runs/hf/gpt3_tiny runs/gpt3_tiny_from_hf'],
+    'demo': ['nxpretrain demo', 'nxpretrain demo --model llama3_tiny --max-steps 100'],
+}
+
+# %% ../nbs/api/08_cli.ipynb #8f51ec24
+def _print_json(obj): print(json.dumps(obj, indent=1, default=str))
+
 def _recipes(a):
-    from nxpretrain.recipes import CATALOG
+    from nxpretrain.recipes import CATALOG, ALIASES
     from nxpretrain.plan import count_parameters
+    from nxpretrain.recipes import world_size
+    rows = [dict(name=name, parameters=count_parameters(r.model), nodes=r.cluster.nodes, profile=r.cluster.profile,
+                 devices=world_size(r), aliases=[k for k, v in ALIASES.items() if v == name], source=r.source)
+            for name, r in CATALOG.items()]
+    if a.json: return _print_json(rows)
     w = max(map(len, CATALOG))
-    for name, r in CATALOG.items():
-        print(f"{name:<{w}}  {count_parameters(r.model) / 1e9:8.3f}B  {r.cluster.nodes:>3} × {r.cluster.profile:<15} {r.source}")
+    for d in rows:
+        line = f"{d['name']:<{w}}  {d['parameters'] / 1e9:8.3f}B  {d['nodes']:>3} × {d['profile']:<15} {d['source']}"
+        print(line if len(line) <= 100 else line[:99] + '…')
 
 def _show(a):
     from nxpretrain.stages import load_recipe
-    from nxpretrain.recipes import to_yaml
-    print(to_yaml(load_recipe(a.model, a.overrides)), end='')
+    from nxpretrain.recipes import to_yaml, to_dict
+    r = load_recipe(a.model, a.overrides)
+    if a.json: return _print_json(to_dict(r))
+    print(to_yaml(r), end='')
 
 def _plan(a):
     from nxpretrain.stages import load_recipe
     from nxpretrain.plan import plan
-    print(plan(load_recipe(a.model, a.overrides, world=a.world), world=a.world))
+    p = plan(load_recipe(a.model, a.overrides, world=a.world), world=a.world)
+    if a.json: return _print_json(p.to_dict())
+    print(p)
 
 def _train(a):
     from nxpretrain.stages import train_stage
-    train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out)
+    train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out, dry_run=a.dry_run, test_only=a.test_only)
 
 def _setup(a):
-    from nxpretrain.setup import report_text
-    print(report_text(a.recipes, a.data_dir))
+    from nxpretrain.machine import report_text, report_dict, machine_report, recipe_readiness, Table
+    if a.json: return _print_json(report_dict(a.recipe or a.recipes, a.data_dir))
+    if not a.recipe:
+        print(report_text(a.recipes, a.data_dir))
+        return print("\ndetails of one recipe: nxpretrain setup --recipe NAME; everything as JSON: nxpretrain setup --json")
+    d = recipe_readiness(machine_report(), a.recipe, a.data_dir)
+    rows = [['needs', d['needs']]] + [['missing', g] for g in d['missing']] + ([['ready', 'nothing is missing here']] if d['ready'] else [])
+    print(Table(['recipe', d['recipe']], rows).text())
 
 def _compile(a):
     from nxpretrain.stages import load_recipe
@@ -42,29 +83,46 @@ def _compile(a):
     report = compile_stage(load_recipe(a.model, a.overrides), a.cluster or None, a.out)   # prints its own report
     if not report.ok: sys.exit(1)
 
+# %% ../nbs/api/08_cli.ipynb #808d0152
+def _require_slurm():
+    from nxpretrain.launch.slurmcheck import require_slurm
+    require_slurm()
+
 def _jobs(a):
     from nxpretrain.launch.job import job_table
-    print(job_table().to_string(index=False))
+    _require_slurm()
+    table = job_table()
+    if a.json: return print(table.to_json(orient='records', indent=1))
+    print(table.to_string(index=False) if len(table) else 'no jobs in the queue')
 
 def _tail(a):
     from nxpretrain.launch.job import tail
+    _require_slurm()
     print(tail(a.job_id, a.n))
 
 def _cancel(a):
     from nxpretrain.launch.job import cancel
+    _require_slurm()
     cancel(a.job_id, a.signal)
+    print(f"job {a.job_id}: " + (f"sent {a.signal}" if a.signal else 'cancelled'))
 
 def _watch(a):
+    import re
     from nxpretrain.launch.watch import watch
+    if re.fullmatch(r'\d+(_\d+)?', a.job_id): _require_slurm()          # a log path needs no Slurm
     watch(a.job_id, timeout=a.timeout, widgets=False)
 
+# %% ../nbs/api/08_cli.ipynb #cc650eae
 def _evaluate(a):
     from nxpretrain.evaluate import perplexity, load_model, sample_text
     from nxpretrain.data.tokenizers import get_tokenizer
-    print(perplexity(a.checkpoint, steps=a.steps))
+    out = dict(checkpoint=a.checkpoint, **perplexity(a.checkpoint, steps=a.steps))
     if a.prompt:
         model, r = load_model(a.checkpoint)
-        print(sample_text(model, get_tokenizer(r.data.tokenizer), a.prompt, a.max_new_tokens, greedy=False, top_k=50))
+        out['sample'] = sample_text(model, get_tokenizer(r.data.tokenizer), a.prompt, a.max_new_tokens, greedy=False, top_k=50)
+    if a.json: return _print_json(out)
+    print(f"loss {out['loss']:.4f}  perplexity {out['perplexity']:.2f}  ({out['tokens']} validation tokens)")
+    if a.prompt: print(out['sample'])
 
 def _export_hf(a):
     from nxpretrain.train.hf import export_hf
@@ -80,59 +138,96 @@ def _demo(a):
     nb = Path(__file__).resolve().parent.parent / 'nbs' / '04_train.ipynb'
     if not nb.exists(): raise RecipeError(f"{nb}: the stage notebooks come with a source checkout; run from a clone of the repository")
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    cmd = ['papermill', str(nb), str(Path(a.out) / 'train.ipynb'), '-p', 'model', a.model, '--log-output', '--no-progress-bar', '-k', 'python3']
+    cmd = ['papermill', str(nb), str(Path(a.out) / 'train.ipynb'), '-p', 'model', a.model, '-p', 'out_dir', a.out,
+           '--log-output', '--no-progress-bar', '-k', 'python3'] + (['-p', 'max_steps', str(a.max_steps)] if a.max_steps else [])
     print(' '.join(cmd), flush=True)
     sys.exit(subprocess.call(cmd))
 
-# %% ../nbs/api/08_cli.ipynb #8f51ec24
+# %% ../nbs/api/08_cli.ipynb #918fb0e1
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog='nxpretrain', description='From an empty Slurm cluster to LLM pretraining.')
-    sub = ap.add_subparsers(dest='command', required=True)
-    def cmd(name, fn, help, model=True):
-        p = sub.add_parser(name, help=help, description=help)
+    ap = argparse.ArgumentParser(prog='nxpretrain', description='From an empty Slurm cluster to LLM pretraining.',
+                                 epilog='examples:\n' + '\n'.join(f"  {e}" for c in EXAMPLES for e in EXAMPLES[c][:1]),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest='command', required=True, metavar='COMMAND')
+    def cmd(name, fn, help, model=False, json=False):
+        p = sub.add_parser(name, help=help, description=help, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog='examples:\n' + '\n'.join(f"  {e}" for e in EXAMPLES.get(name, [])))
         if model:
             p.add_argument('model', help='catalog recipe name (see `nxpretrain recipes`) or a recipe .yaml')
-            p.add_argument('overrides', nargs='*', help='dotted overrides, e.g. optim.lr=3e-4 parallel.tp=2')
+            p.add_argument('overrides', nargs='*', metavar='key=value', help='dotted overrides, e.g. optim.lr=3e-4 parallel.tp=2')
+        if json: p.add_argument('--json', action='store_true', help='print JSON for scripts instead of text')
         p.set_defaults(fn=fn)
         return p
-    cmd('recipes', _recipes, 'list the recipe catalog', model=False)
-    cmd('show', _show, 'print a recipe as YAML (with overrides applied)')
-    cmd('plan', _plan, 'parameters, memory per device, step time and checkpoint cost').add_argument('--world', type=int, help='devices (default: the recipe cluster)')
-    p = cmd('train', _train, 'train here, submit to Slurm, or show the job it would submit')
-    p.add_argument('--cluster', default='', help='Slurm partition/profile to submit to')
-    p.add_argument('--max-steps', type=int, default=None)
-    p.add_argument('--out', default='runs')
-    p = cmd('setup', _setup, 'what this machine offers and what each recipe still needs here', model=False)
-    p.add_argument('--recipes', default='all', help='comma-separated recipe names, or all'); p.add_argument('--data-dir', default=None)
+    cmd('recipes', _recipes, 'list the recipe catalog', json=True)
+    cmd('show', _show, 'print a recipe as YAML (with overrides applied)', model=True, json=True)
+    p = cmd('plan', _plan, 'parameters, memory per device, step time and checkpoint cost', model=True, json=True)
+    p.add_argument('--world', type=int, help='devices (default: the recipe cluster)')
+    p = cmd('train', _train, 'train here, submit to Slurm, or show the job it would submit', model=True)
+    p.add_argument('--cluster', default='', help='Slurm partition or profile[:partition][@nodes] to submit to')
+    p.add_argument('--max-steps', type=int, default=None, help='shortcut for trainer.max_steps')
+    p.add_argument('--out', default='runs', help='where runs, jobs and checkpoints go (default: runs)')
+    p.add_argument('--dry-run', action='store_true', help='plan and write the job; train and submit nothing')
+    p.add_argument('--test-only', action='store_true', help='ask Slurm when the job would start (sbatch --test-only); submit nothing')
+    p = cmd('setup', _setup, 'what this machine offers and what each recipe still needs here', json=True)
+    p.add_argument('--recipes', default='all', help='comma-separated recipe names, or all')
+    p.add_argument('--recipe', default='', metavar='NAME', help='everything one recipe needs and lacks here')
+    p.add_argument('--data-dir', default=None, help='where prepared data lives (default: $NXPRETRAIN_DATA or runs/data)')
     sub.add_parser('data', help='prepare a corpus into .bin/.idx (see `nxpretrain data --help`)', add_help=False)
-    p = cmd('compile', _compile, 'trn1: export and compile an NxD Training job; elsewhere a pre-flight dry run')
-    p.add_argument('--cluster', default=''); p.add_argument('--out', default='runs/compile')
-    cmd('jobs', _jobs, 'the Slurm job table', model=False)
-    for name, fn, help in (('tail', _tail, 'the end of a job log'), ('cancel', _cancel, 'cancel a job (or send it a signal)'),
-                           ('watch', _watch, 'follow the progress of a job')):
-        p = cmd(name, fn, help, model=False); p.add_argument('job_id')
-    tail_p, cancel_p, watch_p = (sub.choices[n] for n in ('tail', 'cancel', 'watch'))
-    tail_p.add_argument('-n', type=int, default=20); cancel_p.add_argument('--signal', default=None, help='e.g. USR1 to checkpoint and requeue')
-    watch_p.add_argument('--timeout', type=float, default=3600)
-    p = cmd('evaluate', _evaluate, 'validation perplexity of a checkpoint, and a sample', model=False)
+    p = cmd('compile', _compile, 'trn1: export and compile an NxD Training job; elsewhere a pre-flight dry run', model=True)
+    p.add_argument('--cluster', default='', help='profile[:partition][@nodes]')
+    p.add_argument('--out', default='runs/compile')
+    cmd('jobs', _jobs, 'the Slurm job table', json=True)
+    p = cmd('tail', _tail, 'the end of a job log')
+    p.add_argument('job_id')
+    p.add_argument('-n', type=int, default=20, help='lines (default 20)')
+    p = cmd('cancel', _cancel, 'cancel a job (or send it a signal)')
+    p.add_argument('job_id')
+    p.add_argument('--signal', default=None, help='e.g. USR1 to checkpoint and requeue')
+    p = cmd('watch', _watch, 'follow the progress of a job (a Slurm job id or a log file)')
+    p.add_argument('job_id')
+    p.add_argument('--timeout', type=float, default=3600, help='seconds (default 3600)')
+    p = cmd('evaluate', _evaluate, 'validation perplexity of a checkpoint, and a sample', json=True)
     p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/gpt3_tiny/checkpoints/step_300')
-    p.add_argument('--steps', type=int, default=10); p.add_argument('--prompt', default=''); p.add_argument('--max-new-tokens', type=int, default=40)
-    p = cmd('export-hf', _export_hf, 'write a checkpoint as a Hugging Face folder (config.json + safetensors)', model=False)
-    p.add_argument('checkpoint'); p.add_argument('out')
-    p = cmd('import-hf', _import_hf, 'turn a Hugging Face folder (safetensors) into an nxpretrain checkpoint', model=False)
-    p.add_argument('hf_dir'); p.add_argument('out')
-    p = cmd('demo', _demo, 'run the 04_train stage notebook with papermill (gpt3_tiny on this CPU)', model=False)
-    p.add_argument('--model', default='gpt3_tiny'); p.add_argument('--out', default='runs')
+    p.add_argument('--steps', type=int, default=10, help='validation batches (default 10)')
+    p.add_argument('--prompt', default='', help='also sample a continuation of this text')
+    p.add_argument('--max-new-tokens', type=int, default=40)
+    p = cmd('export-hf', _export_hf, 'write a checkpoint as a Hugging Face folder (config.json + safetensors)')
+    p.add_argument('checkpoint')
+    p.add_argument('out')
+    p = cmd('import-hf', _import_hf, 'turn a Hugging Face folder (safetensors) into an nxpretrain checkpoint')
+    p.add_argument('hf_dir')
+    p.add_argument('out')
+    p = cmd('demo', _demo, 'run the 04_train stage notebook with papermill (gpt3_tiny on this CPU)')
+    p.add_argument('--model', default='gpt3_tiny')
+    p.add_argument('--out', default='runs')
+    p.add_argument('--max-steps', type=int, default=0, help='shortcut for trainer.max_steps (default: the recipe)')
     return ap
 
-# %% ../nbs/api/08_cli.ipynb #808d0152
+# %% ../nbs/api/08_cli.ipynb #155d1d56
+def parse_args(argv) -> argparse.Namespace:
+    "The parsed arguments of `nxpretrain ARGV…`, options and overrides in any order."
+    ap = _parser()
+    subs = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if not argv or argv[0] not in subs: return ap.parse_args(argv)        # --help, or argparse's own usage error
+    a = subs[argv[0]].parse_intermixed_args(argv[1:])
+    a.command = argv[0]
+    return a
+
+# %% ../nbs/api/08_cli.ipynb #8d6fc92f
+def _one_line(e: Exception) -> str:
+    "A Slurm error in our words; any other error as it is (a recipe error may list several problems, one per line)."
+    if not isinstance(e, SlurmError): return str(e)
+    from nxpretrain.launch.slurmcheck import slurm_problem, explain_slurm
+    return slurm_problem() or explain_slurm(str(e))
+
 def main(argv=None):
     "Entry point of the `nxpretrain` command."
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ['data']:                       # the data stage has its own arguments: one parser, in nxpretrain.data.prepare
         from nxpretrain.data.prepare import main as data_main
         return data_main(argv[1:])
-    a = _parser().parse_args(argv)
+    a = parse_args(argv)
     try: return a.fn(a)
-    except RecipeError as e:
-        print(f"nxpretrain {a.command}: {e}", file=sys.stderr); sys.exit(2)
+    except NxpError as e:
+        print(f"nxpretrain {a.command}: {_one_line(e)}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)

@@ -5,6 +5,7 @@
 # %% ../nbs/api/01_clusters.ipynb #e28a876d
 from __future__ import annotations
 from dataclasses import dataclass, field
+from .errors import RecipeError
 
 # %% auto #0
 __all__ = ['PROFILES', 'ClusterProfile', 'profile', 'profiles_table']
@@ -76,7 +77,6 @@ PROFILES: dict[str, ClusterProfile] = {p.name: p for p in [
 def profile(name: str) -> ClusterProfile:
     "The profile called `name`; a one-line error lists the known ones."
     if name not in PROFILES:
-        from nxpretrain.recipes import RecipeError
         raise RecipeError(f"cluster.profile={name!r}: unknown profile; choose one of {', '.join(PROFILES)}")
     return PROFILES[name]
 

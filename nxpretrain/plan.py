@@ -138,6 +138,18 @@ class Plan:
         rows += [('problem', s) for s in self.problems] + [('advice', s) for s in self.advice]
         return rows
 
+    def to_dict(self) -> dict:
+        "The plan as plain data for scripts (`nxpretrain plan --json`): counts, bytes and seconds, unrounded."
+        r, p, m = self.recipe, self.recipe.parallel, self.memory
+        return dict(recipe=r.name, profile=r.cluster.profile, nodes=r.cluster.nodes, world=self.world,
+                    layout=dict(tp=p.tp, pp=p.pp, cp=p.cp, dp=self.dp, sequence_parallel=p.sequence_parallel, zero1=p.zero1,
+                                fsdp=p.fsdp, activation_checkpointing=p.activation_checkpointing),
+                    parameters=self.parameters, tokens_per_step=self.tokens_per_step,
+                    memory_bytes=dict(weights=m.weights, grads=m.grads, optimizer=m.optimizer, activations=m.activations, total=m.total),
+                    device_gib=self.device_gib, fits=self.fits, step_seconds=self.step_seconds,
+                    checkpoint_bytes=self.checkpoint_bytes, checkpoint_seconds=self.checkpoint_seconds,
+                    problems=list(self.problems), advice=list(self.advice))
+
     def __str__(self): w = max(len(k) for k, _ in self.rows()); return '\n'.join(f"{k:<{w}}  {v}" for k, v in self.rows())
     __repr__ = __str__                                       # logs and papermill's text output show the table too
     def _repr_markdown_(self): return '| | |\n|---|---|\n' + '\n'.join(f"| {k} | {v} |" for k, v in self.rows())

@@ -8,16 +8,14 @@ import dataclasses, typing, math, copy, re
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
+from .errors import RecipeError
+from .clusters import profile
 
 # %% auto #0
-__all__ = ['DEMO_VOCAB', 'CATALOG', 'ALIASES', 'RecipeError', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig',
-           'TrainerConfig', 'ClusterConfig', 'Recipe', 'field_keys', 'nearest_field', 'from_dict', 'to_dict', 'to_yaml',
-           'from_yaml', 'override', 'recipe_value', 'padded_vocab', 'world_size', 'data_parallel_size', 'problems',
-           'validate', 'resolve_name', 'get_recipe']
-
-# %% ../nbs/api/00_recipes.ipynb #f8987b04
-class RecipeError(ValueError):
-    "A recipe or override is wrong; the message names the field and the fix, one line per problem."
+__all__ = ['DEMO_VOCAB', 'CATALOG', 'ALIASES', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig', 'TrainerConfig',
+           'ClusterConfig', 'Recipe', 'field_keys', 'nearest_field', 'from_dict', 'to_dict', 'to_yaml', 'from_yaml',
+           'override', 'recipe_value', 'padded_vocab', 'world_size', 'data_parallel_size', 'problems', 'validate',
+           'resolve_name', 'get_recipe']
 
 # %% ../nbs/api/00_recipes.ipynb #6f92bc64
 @dataclass
@@ -238,7 +236,6 @@ def padded_vocab(model: ModelConfig, tp: int = 1) -> int:
 # %% ../nbs/api/00_recipes.ipynb #f81a1d67
 def world_size(recipe: Recipe) -> int:
     "Devices the recipe's cluster gives: nodes × devices per node of its profile."
-    from nxpretrain.clusters import profile
     return recipe.cluster.nodes * profile(recipe.cluster.profile).devices_per_node
 
 def data_parallel_size(recipe: Recipe, world: int | None = None) -> int:

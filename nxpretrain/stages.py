@@ -39,11 +39,17 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 overrides=(),              # dotted overrides, e.g. ['optim.lr=1e-3']
                 max_steps: int | None = None,  # shortcut for trainer.max_steps
                 out_dir: str = 'runs',     # where logs, TensorBoard events and checkpoints go
-                show=print):               # how to show the plan (display in notebooks)
+                show=print,                # how to show the plan (display in notebooks)
+                dry_run: bool = False,     # plan and write the job, train and submit nothing
+                test_only: bool = False):  # ask Slurm when the job would start (sbatch --test-only), submit nothing
     "Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop (trn1: an NxD Training job)."
     r = load_recipe(model, overrides, max_steps)
-    show(plan(r))
     action, reason = where_to_train(r, cluster)
+    if action == 'submit' and not dry_run:            # our one line, before sbatch's own words
+        from nxpretrain.launch.slurmcheck import require_slurm
+        require_slurm()
+    if dry_run: action, reason = 'stop', f"dry run, nothing {'submitted' if action == 'submit' else 'trained'} ({reason})"
+    show(plan(r))
     print(f"\n{action}: {reason}")
     if action == 'local':
         from nxpretrain.train.trainer import train
@@ -59,12 +65,15 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         done = run_local(job)
         if done.returncode: raise RuntimeError(f"training with torchrun failed (exit {done.returncode}); log: {done.log}")
         return job
-    print(f"\nThe job {'submitted' if action == 'submit' else 'it would submit'} ({job.script_path}):\n")
+    print(f"\nThe job {'submitted' if action == 'submit' and not test_only else 'it would submit'} ({job.script_path}):\n")
     print(job)
     if profile(r.cluster.profile).backend == 'xla':
         print(f"\n{where / 'train.sh'} (what srun runs on every node; NxD Training config: {job.recipe_path}):\n")
         print((where / 'train.sh').read_text())
     if action == 'stop': return job
+    if test_only:
+        print(f"\nSlurm's answer (sbatch --test-only, nothing submitted): {submit(job, test_only=True)}")
+        return job
     job_id = submit(job)
     print(f"\nsubmitted as Slurm job {job_id}: follow it with 05_monitor (papermill nbs/05_monitor.ipynb runs/monitor.ipynb -p job {job_id})")
     return job_id

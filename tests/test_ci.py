@@ -43,7 +43,7 @@ def test_gate_passes_on_a_clean_tree(clean_repo):
 
 
 def test_gate_catches_an_unclean_notebook(clean_repo):
-    nb_path = clean_repo / 'nbs' / 'api' / '03_setup.ipynb'
+    nb_path = clean_repo / 'nbs' / 'api' / '03_machine.ipynb'
     nb = json.loads(nb_path.read_text())
     code = next(c for c in nb['cells'] if c['cell_type'] == 'code')
     code['execution_count'], code['metadata'] = 7, {'collapsed': True, 'scrolled': True}
@@ -51,7 +51,7 @@ def test_gate_catches_an_unclean_notebook(clean_repo):
     sh('git commit -qam dirty', clean_repo)
     r = gate(clean_repo, 'clean', 'sync')
     assert r.returncode == 1
-    assert 'notebooks are not clean' in r.stdout and 'modified nbs/api/03_setup.ipynb' in r.stdout
+    assert 'notebooks are not clean' in r.stdout and 'modified nbs/api/03_machine.ipynb' in r.stdout
     assert 'gate: 1 passed, 1 failed' in r.stdout
 
 
@@ -70,11 +70,11 @@ def test_gate_catches_a_new_module_that_was_never_exported(clean_repo):
 
 
 def test_gate_catches_an_edited_module(clean_repo):
-    mod = clean_repo / 'nxpretrain' / 'setup.py'
+    mod = clean_repo / 'nxpretrain' / 'machine.py'
     mod.write_text(mod.read_text().replace('def host_info()', 'def host_info( )'))
     sh('git commit -qam "hand edit"', clean_repo)
     r = gate(clean_repo, 'sync')
-    assert r.returncode == 1 and 'modified nxpretrain/setup.py' in r.stdout
+    assert r.returncode == 1 and 'modified nxpretrain/machine.py' in r.stdout
 
 
 def test_gate_catches_a_stale_readme(clean_repo):

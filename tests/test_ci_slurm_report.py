@@ -28,7 +28,7 @@ def slurm_conf():
 
 @pytest.mark.skipif(bool(why_not()), reason=f'no local Slurm: {why_not()}')
 def test_report_sees_the_slurm_nodes(slurm_conf):
-    code = ("from nxpretrain.setup import machine_report, recipe_gaps, readiness\nfrom nxpretrain.recipes import CATALOG\n"
+    code = ("from nxpretrain.machine import machine_report, recipe_gaps, readiness\nfrom nxpretrain.recipes import CATALOG\n"
             "r = machine_report()\nprint(r.slurm.version, len(r.slurm.node_names), sorted(r.slurm.partitions), r.slurm.error)\n"
             "print('\\n'.join(recipe_gaps(CATALOG['gpt3_23b'], r, '/nowhere')))\n"
             "print('\\n'.join(recipe_gaps(CATALOG['gpt3_64m'], r, '/nowhere')))\nprint(r)")

@@ -41,13 +41,13 @@ def test_the_site_builds(tmp_path_factory):
 def test_every_notebook_has_a_page(site):
     nbs = ROOT / 'nbs'
     sources = docs.notebooks(nbs)
-    assert nbs / 'index.ipynb' in sources and nbs / 'api' / '03_setup.ipynb' in sources
+    assert nbs / 'index.ipynb' in sources and nbs / 'api' / '03_machine.ipynb' in sources
     missing = [str(p.relative_to(nbs)) for p in sources if not (site / p.relative_to(nbs)).with_suffix('.html').exists()]
     assert not missing, f'notebooks without a page: {missing}'
 
 
 def test_api_reference_and_navigation(site):
-    html = (site / 'api' / '03_setup.html').read_text()
+    html = (site / 'api' / '03_machine.html').read_text()
     for name in ('machine_report', 'recipe_gaps', 'readiness', 'parse_sinfo'):  # show_doc headings
         assert re.search(rf'<h3 id="{name}"', html), f'no show_doc section for {name}'
     assert 'def machine_report(' in re.sub(r'<[^>]+>', '', html)  # the rendered signature
@@ -88,7 +88,7 @@ needs_chromium = pytest.mark.skipif(not CHROMIUM and not os.environ.get('CI'),
 @needs_chromium
 @pytest.mark.parametrize('page, expected', [
     ('index.html', ['nxpretrain', 'Set up', 'Where is settings.ini?', 'bash tools/test.sh']),
-    ('api/03_setup.html', ['Machine report', 'machine_report', 'recipe_gaps', 'What each recipe needs here']),
+    ('api/03_machine.html', ['Machine report', 'machine_report', 'recipe_gaps', 'What each recipe needs here']),
     ('00_setup.html', ['00 · Setup', 'missing here', 'What this stage does not check yet']),
 ])
 def test_pages_render_in_chromium(site, page, expected):
@@ -105,7 +105,7 @@ def test_screenshots(site):
     assert CHROMIUM, 'chromium is required in CI: tools/test.sh installs it with apt-get'
     runs = ROOT / 'runs'
     runs.mkdir(exist_ok=True)
-    for page, png in (('index.html', 'docs_home.png'), ('api/03_setup.html', 'docs_api_setup.png')):
+    for page, png in (('index.html', 'docs_home.png'), ('api/03_machine.html', 'docs_api_setup.png')):
         shot = runs / png
         shot.unlink(missing_ok=True)
         chromium('--window-size=1280,1600', '--hide-scrollbars', f'--screenshot={shot}', (site / page).as_uri())
@@ -119,7 +119,7 @@ def test_a_notebook_nbdev_cannot_render_fails_the_build_by_name(tmp_path):
     for d in ('nbs', 'nxpretrain', 'tools'): shutil.copytree(ROOT / d, tmp_path / d, ignore=shutil.ignore_patterns('__pycache__'))
     shutil.copy2(ROOT / 'pyproject.toml', tmp_path / 'pyproject.toml')
     for nb in (tmp_path / 'nbs').rglob('*.ipynb'):
-        if nb.name not in ('index.ipynb', '03_setup.ipynb'): nb.unlink()
+        if nb.name not in ('index.ipynb', '03_machine.ipynb'): nb.unlink()
     cell = lambda src: {'cell_type': 'code', 'execution_count': None, 'id': f'c{abs(hash(src)) % 10**8}', 'metadata': {},
                         'outputs': [], 'source': src}
     broken = {'cells': [{'cell_type': 'markdown', 'id': 'm1', 'metadata': {}, 'source': '# Broken\n> a cell nbdev runs fails'},
@@ -134,4 +134,4 @@ def test_a_notebook_nbdev_cannot_render_fails_the_build_by_name(tmp_path):
     assert 'nbs/api/97_broken.ipynb: nbdev could not render' in r.stderr and "'defined_in_an_earlier_cell' is not defined" in r.stderr
     assert '1 notebook(s) failed to render: nbs/api/97_broken.ipynb' in r.stderr
     assert 'Broken' in (tmp_path / 'site' / 'api' / '97_broken.html').read_text()
-    assert '<h3 id="machine_report"' in (tmp_path / 'site' / 'api' / '03_setup.html').read_text()
+    assert '<h3 id="machine_report"' in (tmp_path / 'site' / 'api' / '03_machine.html').read_text()

@@ -6,7 +6,7 @@
 from __future__ import annotations
 from pathlib import Path
 import numpy as np
-from .corpus import DataError
+from ..errors import DataError
 from .indexed import IndexedDataset
 
 # %% auto #0

@@ -7,7 +7,8 @@ from __future__ import annotations
 import hashlib, os, time, http.client, urllib.request, urllib.error
 from pathlib import Path
 from tqdm.auto import tqdm
-from .corpus import DataError, write_jsonl
+from ..errors import DataError
+from .corpus import write_jsonl
 
 # %% auto #0
 __all__ = ['fetch_file', 'export_hf_dataset', 'serve_directory']

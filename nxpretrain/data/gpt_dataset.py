@@ -4,10 +4,10 @@
 
 # %% ../../nbs/api/13_gpt_dataset.ipynb #ac07e17d
 from __future__ import annotations
-import hashlib, json, os, re
+import hashlib, json, os, re, warnings
 from pathlib import Path
 import numpy as np
-from .corpus import DataError
+from ..errors import DataError
 from .indexed import IndexedDataset
 
 # %% auto #0
@@ -136,7 +136,8 @@ class GPTDataset:
                     for p, a in zip(paths, arrays):
                         with open(str(p) + '.part', 'wb') as f: np.save(f, a)
                         os.replace(str(p) + '.part', p)
-                except OSError: pass   # a read-only dataset directory: rebuild next time instead
+                except OSError as e:   # e.g. a read-only dataset directory: train anyway, rebuild next time
+                    warnings.warn(f"{paths[0].parent}: cannot cache the sample indices ({e}); they are rebuilt at every start")
             self.document_index, self.sample_index, self.shuffle_index = arrays
         self.num_samples = len(self.shuffle_index) if num_samples is None else num_samples
 

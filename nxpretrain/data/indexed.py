@@ -7,7 +7,7 @@ from __future__ import annotations
 import os, struct, shutil
 from pathlib import Path
 import numpy as np
-from .corpus import DataError
+from ..errors import DataError
 
 # %% auto #0
 __all__ = ['MAGIC', 'DTYPES', 'HEADER_BYTES', 'dtype_code', 'token_dtype', 'write_idx', 'IndexedDataset', 'IndexedWriter',

@@ -4,47 +4,39 @@
 
 # %% ../../nbs/api/14_prepare.ipynb #c95a4731
 from __future__ import annotations
-import itertools, json, os, time, multiprocessing as mp
+import itertools, json, os, shutil, sys, time, multiprocessing as mp
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
-from .corpus import DataError, LineStats, iter_jsonl, line_ranges, demo_documents, write_jsonl, extract_zst
+from ..errors import DataError
+from .corpus import LineStats, iter_jsonl, line_ranges, demo_documents, write_jsonl, extract_zst
 from .indexed import IndexedWriter, IndexedDataset, merge_datasets, token_dtype, check_tokens
 from .tokenizers import get_tokenizer, demo_tokenizer
+from .cuts import encode_whole
 
 # %% auto #0
-__all__ = ['CORPORA', 'STAGES', 'encode_documents', 'Job', 'run_job', 'tokenize_files', 'record', 'done', 'read_manifest',
-           'CorpusRecipe', 'corpus_dir', 'run_stage', 'slurm_task', 'array_plan', 'get_recipe_corpus', 'prepare',
-           'prepare_demo', 'ensure_dataset', 'main']
+__all__ = ['CORPORA', 'STAGES', 'encode_documents', 'TokenizeTask', 'run_task', 'tokenize_files', 'record', 'done',
+           'read_manifest', 'CorpusRecipe', 'corpus_dir', 'run_stage', 'slurm_task', 'array_plan', 'get_recipe_corpus',
+           'prepare', 'prepare_demo', 'ensure_dataset', 'main']
 
 # %% ../../nbs/api/14_prepare.ipynb #25acc0a5
-def _cut_points(text: str, max_chars: int) -> list[int]:
-    cuts, a = [0], 0
-    while len(text) - a > max_chars:
-        b = text.rfind(' ', a + max_chars // 2, a + max_chars)
-        while b > a and (text[b - 1].isspace() or not text[b + 1:b + 2].isalpha()): b = text.rfind(' ', a + 1, b)
-        a = b if b > a else a + max_chars
-        cuts.append(a)
-    return cuts + [len(text)]
-
 def encode_documents(tok, texts: list[str], max_chars: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
-    "Concatenated token ids (+EOD per non-empty document) and per-document lengths of a batch of texts."
-    long = [i for i, t in enumerate(texts) if len(t) > max_chars]
-    ids = tok.encode_batch([t if len(t) <= max_chars else '' for t in texts])
-    for i in long:
-        c = _cut_points(texts[i], max_chars)
-        ids[i] = list(itertools.chain.from_iterable(tok.encode_batch([texts[i][a:b] for a, b in zip(c, c[1:])])))
-    eod = tok.eod_id
-    lengths = np.fromiter((len(x) + 1 if x else 0 for x in ids), np.int64, len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(x + [eod] if x else x for x in ids), np.int64, int(lengths.sum()))
+    "Concatenated token ids (+EOD per document with tokens) and per-document lengths of a batch of texts."
+    long = {i for i, t in enumerate(texts) if len(t) > max_chars}
+    ids = tok.encode_batch([t if i not in long else '' for i, t in enumerate(texts)])
+    docs = [encode_whole(tok, texts[i], max_chars) if i in long else np.asarray(x, np.int64) for i, x in enumerate(ids)]
+    eod = np.array([tok.eod_id], np.int64)
+    docs = [np.concatenate([d, eod]) if d.size else d for d in docs]
+    lengths = np.array([d.size for d in docs], np.int64)
+    flat = np.concatenate(docs) if docs else np.zeros(0, np.int64)
     return flat, lengths
 
 # %% ../../nbs/api/14_prepare.ipynb #f5610172
 @dataclass
-class Job:
+class TokenizeTask:
     path: str                  # input .jsonl or .jsonl.zst
-    out_prefix: str            # shard written by this job
+    out_prefix: str            # shard written by this task
     tokenizer: str             # tokenizer spec
     cache_dir: str = 'runs/data'
     start: int = 0
@@ -61,59 +53,75 @@ def _init_worker(counter):
     _progress = counter
 
 # %% ../../nbs/api/14_prepare.ipynb #54e993f4
-def run_job(job: Job, on_bytes=None) -> dict:
-    "Tokenize `job.path[start:end]` into the shard `job.out_prefix`; returns its statistics."
-    tok = get_tokenizer(job.tokenizer, job.cache_dir)
-    st, t0 = LineStats(), time.time()
-    lines = iter_jsonl(job.path, job.key, st, job.strict, job.start, job.end)
-    with IndexedWriter(job.out_prefix, token_dtype(tok.vocab_size), tok.vocab_size) as w:
-        done = 0
-        while batch := list(itertools.islice(lines, job.batch)):
-            w.add_documents(*encode_documents(tok, batch))
-            if on_bytes or _progress is not None:
-                n, done = st.bytes - done, st.bytes
-                if on_bytes: on_bytes(n)
-                else:
-                    with _progress.get_lock(): _progress.value += n
-        tokens = w.num_tokens
-    return dict(asdict(st), tokens=tokens, seconds=time.time() - t0)
+def run_task(task: TokenizeTask, on_bytes=None) -> dict:
+    "Tokenize `task.path[start:end]` into the shard `task.out_prefix`; returns its statistics."
+    tok = get_tokenizer(task.tokenizer, task.cache_dir)
+    t0 = time.time()
+    Path(task.out_prefix).parent.mkdir(parents=True, exist_ok=True)
+    with open(task.out_prefix + '.bad.txt', 'w', encoding='utf-8') as log:
+        st = LineStats(log=log)
+        lines = iter_jsonl(task.path, task.key, st, task.strict, task.start, task.end)
+        with IndexedWriter(task.out_prefix, token_dtype(tok.vocab_size), tok.vocab_size) as w:
+            done = 0
+            while batch := list(itertools.islice(lines, task.batch)):
+                w.add_documents(*encode_documents(tok, batch))
+                if on_bytes or _progress is not None:
+                    n, done = st.bytes - done, st.bytes
+                    if on_bytes: on_bytes(n)
+                    else:
+                        with _progress.get_lock(): _progress.value += n
+            tokens = w.num_tokens
+    return dict(st.counts(), tokens=tokens, seconds=time.time() - t0)
 
 # %% ../../nbs/api/14_prepare.ipynb #5c7baffe
+def _merge_reports(parts: list, out: str, bad: int) -> str | None:
+    "Concatenate the shards' bad-line reports into `out` (none when no line was bad); returns its path."
+    if bad:
+        with open(out + '.part', 'wb') as fo:
+            for p in parts:
+                with open(p, 'rb') as fi: shutil.copyfileobj(fi, fo)
+        os.replace(out + '.part', out)
+    for p in parts: Path(p).unlink(missing_ok=True)
+    return out if bad else None
+
+# %% ../../nbs/api/14_prepare.ipynb #f2086385
 def tokenize_files(inputs: list, # .jsonl / .jsonl.zst files, in output order
                    out_prefix: str | Path, # writes <out_prefix>.bin/.idx
                    tokenizer: str = 'demo', workers: int = 1, cache_dir: str = 'runs/data', key: str = 'text',
                    strict: bool = False, # make the first bad line fatal
                    progress: bool = True) -> dict:
-    "Tokenize JSONL files into one indexed dataset; returns documents/tokens/bytes/bad/seconds statistics."
+    "Tokenize JSONL files into one indexed dataset; returns documents/tokens/bytes/bad/blank/seconds statistics."
     t0, out_prefix = time.time(), str(out_prefix)
     for p in inputs:
         if not Path(p).exists(): raise DataError(f'{p}: input file missing')
     get_tokenizer(tokenizer, cache_dir)   # fail fast on a bad spec (and train/cache the demo tokenizer once)
-    jobs = []
+    tasks = []
     for i, p in enumerate(inputs):
         # several ranges per worker, dealt dynamically: a worker slowed by a busy core does not hold up the others
         parts = min(4 * workers, max(workers, os.path.getsize(p) >> 20))
         ranges = [(0, None)] if str(p).endswith('.zst') or workers == 1 else line_ranges(p, parts)
-        jobs += [Job(str(p), f'{out_prefix}.part{i:04d}-{j:03d}', tokenizer, cache_dir, a, b, key, strict) for j, (a, b) in enumerate(ranges)]
+        tasks += [TokenizeTask(str(p), f'{out_prefix}.part{i:04d}-{j:03d}', tokenizer, cache_dir, a, b, key, strict) for j, (a, b) in enumerate(ranges)]
     total = sum(os.path.getsize(p) for p in inputs)
     bar = tqdm(total=total, unit='B', unit_scale=True, desc=f'tokenize {Path(out_prefix).name}', disable=not progress)
     try:
-        if workers == 1: results = [run_job(j, bar.update) for j in jobs]
+        if workers == 1: results = [run_task(t, bar.update) for t in tasks]
         else:
             counter = mp.get_context('fork').Value('q', 0)
             with mp.get_context('fork').Pool(workers, _init_worker, (counter,)) as pool:
-                res = pool.map_async(run_job, jobs, chunksize=1)
-                while not res.ready():
-                    res.wait(0.2); bar.n = counter.value; bar.refresh()
-                results = res.get()
+                ordered, results = pool.imap(run_task, tasks, chunksize=1), []
+                while len(results) < len(tasks):   # in task order: a strict run names the first bad line of the file
+                    try: results.append(ordered.next(timeout=0.2))
+                    except mp.TimeoutError: pass
+                    bar.n = counter.value; bar.refresh()
     except BaseException:
-        for j in jobs:
-            for s in ('.bin', '.idx', '.bin.part', '.idx.part'): Path(j.out_prefix + s).unlink(missing_ok=True)
+        for t in tasks:
+            for s in ('.bin', '.idx', '.bin.part', '.idx.part', '.bad.txt'): Path(t.out_prefix + s).unlink(missing_ok=True)
         raise
     finally: bar.close()
-    merge_datasets([j.out_prefix for j in jobs], out_prefix, remove=True)
-    stats = {k: sum(r[k] for r in results) for k in ('documents', 'bad', 'empty', 'chars', 'bytes', 'tokens')}
+    merge_datasets([t.out_prefix for t in tasks], out_prefix, remove=True)
+    stats = {k: sum(r[k] for r in results) for k in ('documents', 'bad', 'blank', 'empty', 'chars', 'bytes', 'tokens')}
     stats['examples'] = [e for r in results for e in r['examples']][:5]
+    stats['bad_report'] = _merge_reports([t.out_prefix + '.bad.txt' for t in tasks], out_prefix + '.bad.txt', stats['bad'])
     stats['seconds'] = time.time() - t0
     return stats
 
@@ -235,6 +243,8 @@ def run_stage(recipe: CorpusRecipe, stage: str, root: str | Path = 'runs/data', 
             src = cdir / 'chunks' / f'{unit}.jsonl' if recipe.chunks else _local(recipe, root, unit)
             prefix = _prefix(recipe, root, tokenizer, unit)
             info = dict(prefix=prefix, **tokenize_files([src], prefix, tokenizer, workers, str(root), recipe.key, strict, progress))
+            if info['bad']:   # said once, on stderr: the run goes on without those lines
+                print(f"{src}: {info['bad']} bad line(s) skipped, first: {info['examples'][0]}; all in {info['bad_report']}", file=sys.stderr)
         record(cdir, name, **{'seconds': time.time() - t0, **info})
         out.append(done(cdir, name))
     return out

@@ -6,7 +6,8 @@
 from __future__ import annotations
 import json, os
 from pathlib import Path
-from .corpus import DataError, demo_documents
+from ..errors import DataError
+from .corpus import demo_documents
 from ..recipes import DEMO_VOCAB
 
 # %% auto #0

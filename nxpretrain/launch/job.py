@@ -9,16 +9,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from ..recipes import Recipe, ClusterConfig, RecipeError, get_recipe, override, to_yaml, validate
 from ..clusters import ClusterProfile, PROFILES, profile
+from ..errors import EXIT_REQUEUE, SlurmError
 
 # %% auto #0
-__all__ = ['REQUEUE_EXIT', 'MAX_RESTARTS', 'END_STATES', 'job_name', 'parse_cluster', 'resolve_cluster', 'Job', 'make_job',
-           'write_job', 'make_array_job', 'data_prep_jobs', 'SlurmError', 'have_slurm', 'submit', 'submit_chain',
-           'squeue_jobs', 'job_table', 'status', 'cancel', 'release', 'log_path', 'tail', 'wait', 'run_local']
+__all__ = ['MAX_RESTARTS', 'END_STATES', 'plain_value', 'job_name', 'parse_cluster', 'resolve_cluster', 'Job', 'sbatch_header',
+           'export_lines', 'make_job', 'write_job', 'make_array_job', 'data_prep_jobs', 'have_slurm', 'submit',
+           'submit_chain', 'squeue_jobs', 'job_table', 'status', 'cancel', 'release', 'log_path', 'tail', 'wait',
+           'run_local']
 
 # %% ../../nbs/api/50_job.ipynb #7a8a5c70
 _PLAIN = {'partition': r'[A-Za-z0-9_.,-]*', 'time': r'(UNLIMITED|[0-9]+(-[0-9]+)?(:[0-9]+){0,2})?', 'path': r'[A-Za-z0-9_./+@%=,-]+'}
 
-def _plain(kind: str, value: str, where: str) -> str:
+def plain_value(kind: str, value: str, where: str) -> str:
+    "`value` unchanged when it is plain enough for an `#SBATCH` line (`kind`: partition, time or path); else a `RecipeError` naming `where`."
     if not re.fullmatch(_PLAIN[kind], str(value)):
         raise RecipeError(f"{where}={value!r}: not allowed in an #SBATCH line; use only letters, digits and {_PLAIN[kind]!r}")
     return str(value)
@@ -40,7 +43,7 @@ def parse_cluster(spec: str, recipe: Recipe) -> ClusterConfig:
     elif head and head != 'slurm':
         if part: raise RecipeError(f"cluster={spec!r}: {head!r} is not a profile; choose one of {', '.join(PROFILES)}")
         part = head
-    if part: c.partition = _plain('partition', part, 'cluster partition')
+    if part: c.partition = plain_value('partition', part, 'cluster partition')
     return c
 
 def resolve_cluster(recipe: Recipe, cluster=None) -> tuple[Recipe, ClusterProfile]:
@@ -98,24 +101,25 @@ def _wrap(command: str) -> str:
     return re.sub(r" (?=--(?:nnodes|rdzv-id|rdzv-endpoint|recipe) |-m )", " \\\n    ", command)
 
 # %% ../../nbs/api/50_job.ipynb #877eb47a
-def _header(name, nodes, profile_: ClusterProfile, cluster: ClusterConfig, log, kind, array='', exclusive=True, requeue=True,
+def sbatch_header(name, nodes, profile_: ClusterProfile, cluster: ClusterConfig, log, kind, array='', exclusive=True, requeue=True,
             signal_grace=180, tasks_per_node=1, cpus_per_task=None) -> list[str]:
+    "The `#SBATCH` lines of a job: its name, nodes, tasks, CPUs, GPUs, partition, time limit, log and requeue on preemption."
     sb = [f"--job-name={name}", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
           f"--cpus-per-task={cpus_per_task or profile_.cpus_per_node}"]
     if exclusive: sb.append('--exclusive')
     if profile_.gres: sb.append(f"--gres={profile_.gres}")
-    if cluster.partition: sb.append(f"--partition={_plain('partition', cluster.partition, 'cluster.partition')}")
-    if cluster.time: sb.append(f"--time={_plain('time', cluster.time, 'cluster.time')}")
+    if cluster.partition: sb.append(f"--partition={plain_value('partition', cluster.partition, 'cluster.partition')}")
+    if cluster.time: sb.append(f"--time={plain_value('time', cluster.time, 'cluster.time')}")
     if array: sb.append(f"--array={array}")
     sb += [f"--output={log}", '--open-mode=append']
     if requeue: sb += ['--requeue', f"--signal=B:USR1@{int(signal_grace)}"]
     return [f"#SBATCH {a}" for a in sb]
 
-def _env_lines(env: dict) -> list[str]:
+def export_lines(env: dict) -> list[str]:
+    "One quoted `export NAME=value` line per variable of `env` (names that are not shell identifiers are left out)."
     return [f"export {k}={shlex.quote(str(v))}" for k, v in env.items() if re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', k)]
 
 # %% ../../nbs/api/50_job.ipynb #595e5404
-REQUEUE_EXIT = 75       # the trainer's exit status after a stop signal and a saved checkpoint (EX_TEMPFAIL)
 MAX_RESTARTS = 100      # as neuronx-nemo-megatron's run.slurm
 
 _RUN_STEP = r'''
@@ -150,7 +154,7 @@ def make_job(recipe: Recipe | str, cluster=None, out_dir='runs/job', overrides=(
     overrides = [o for o in ([overrides] if isinstance(overrides, str) else overrides) if o]
     base = get_recipe(recipe) if isinstance(recipe, str) else recipe
     r, prof = resolve_cluster(override(base, *overrides), cluster)
-    out_dir = Path(_plain('path', Path(out_dir).absolute(), 'out_dir'))
+    out_dir = Path(plain_value('path', Path(out_dir).absolute(), 'out_dir'))
     r.trainer.out_dir = str(out_dir)
     validate(r, r.cluster.nodes * prof.devices_per_node)
     nodes, dev = r.cluster.nodes, prof.devices_per_node
@@ -171,14 +175,14 @@ def make_job(recipe: Recipe | str, cluster=None, out_dir='runs/job', overrides=(
         srun_opts += f"--container-workdir={shlex.quote(str(out_dir))} "
     lines = ['#!/bin/bash', f"# nxpretrain {kind} job: recipe {r.name!r} on {nodes} × {prof.name} ({nodes * dev} devices, {prof.backend})".replace('\n', ' '),
              '# generated from the recipe; change the recipe or the overrides, not this file',
-             *_header(name, nodes, prof, r.cluster, log, kind, signal_grace=signal_grace),
-             '', f"# environment of the {prof.name} profile", *_env_lines(env), '',
+             *sbatch_header(name, nodes, prof, r.cluster, log, kind, signal_grace=signal_grace),
+             '', f"# environment of the {prof.name} profile", *export_lines(env), '',
              f"cd {shlex.quote(str(out_dir))}",
              'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
              'MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))',
              'export MASTER_ADDR MASTER_PORT',
              'echo "nxpretrain: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST, rendezvous $MASTER_ADDR:$MASTER_PORT"',
-             _RUN_STEP.format(srun_opts=srun_opts, step=_wrap(command), requeue=REQUEUE_EXIT, max_restarts=MAX_RESTARTS,
+             _RUN_STEP.format(srun_opts=srun_opts, step=_wrap(command), requeue=EXIT_REQUEUE, max_restarts=MAX_RESTARTS,
                                status_file=shlex.quote(str(out_dir / r.name / 'exit_status.json'))).rstrip()]
     job = Job(name, kind, '\n'.join(lines) + '\n', command, local_argv, out_dir, recipe_path, log, nodes, dev, prof.name, env,
               run_dir=out_dir / r.name)
@@ -199,15 +203,15 @@ def make_array_job(name: str, argv: list, out_dir, tasks: int, cluster=None, cpu
     prof = cluster if isinstance(cluster, ClusterProfile) else profile(cluster.profile if isinstance(cluster, ClusterConfig) else (cluster or 'local'))
     ccfg = cluster if isinstance(cluster, ClusterConfig) else ClusterConfig(profile=prof.name)
     if tasks < 1: raise RecipeError(f"tasks={tasks}: an array needs at least one task")
-    out_dir = Path(_plain('path', Path(out_dir).absolute(), 'out_dir'))
+    out_dir = Path(plain_value('path', Path(out_dir).absolute(), 'out_dir'))
     jname, log = job_name(name, kind), str(out_dir / 'logs' / '%x-%A_%a.out')
     array = f"0-{tasks - 1}" + (f"%{max_parallel}" if max_parallel else '')
     env = {'OMP_NUM_THREADS': '1', **(env or {})}
     command = _q(argv)
     lines = ['#!/bin/bash', f"# nxpretrain {kind} array: {tasks} tasks of {_q([name])} on {prof.name} nodes".replace('\n', ' '),
-             *_header(jname, 1, prof, ccfg, log, kind, array=array, exclusive=False, requeue=False,
+             *sbatch_header(jname, 1, prof, ccfg, log, kind, array=array, exclusive=False, requeue=False,
                       cpus_per_task=cpus_per_task or prof.cpus_per_node),
-             '', *_env_lines(env), '', f"cd {shlex.quote(str(out_dir))}",
+             '', *export_lines(env), '', f"cd {shlex.quote(str(out_dir))}",
              'echo "nxpretrain: array $SLURM_ARRAY_JOB_ID task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT on $(hostname)"',
              f"srun --ntasks=1 {command}"]
     job = Job(jname, kind, '\n'.join(lines) + '\n', command, list(map(str, argv)), out_dir, out_dir / 'recipe.yaml', log, 1,
@@ -230,9 +234,6 @@ def data_prep_jobs(corpus: str, output, cluster=None, tokenizer: str | None = No
     return jobs
 
 # %% ../../nbs/api/50_job.ipynb #cc75150f
-class SlurmError(RuntimeError):
-    "A Slurm command failed; the message carries its stderr."
-
 def have_slurm() -> bool:
     "Is there a Slurm controller answering here?"
     if not shutil.which('sbatch'): return False

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from ..recipes import Recipe, RecipeError, get_recipe, validate
 from ..clusters import profile
-from .job import Job, _header, _env_lines, _plain, job_name, resolve_cluster
+from .job import Job, sbatch_header, export_lines, plain_value, job_name, resolve_cluster
 
 # %% auto #0
 __all__ = ['TRAIN_SH', 'nxdt_config', 'train_sh', 'export_nxdt', 'parse_compile_log']
@@ -97,7 +97,7 @@ cd "$NXDT_EXAMPLES"
 
 def train_sh(recipe: Recipe, devices: int, env: dict, cache_url: str, conf_name: str) -> str:
     "The `train.sh` text for `recipe` (every value quoted)."
-    return TRAIN_SH.format(name=shlex.quote(recipe.name).replace('\n', ' '), env='\n'.join(_env_lines(env)), cache=shlex.quote(cache_url),
+    return TRAIN_SH.format(name=shlex.quote(recipe.name).replace('\n', ' '), env='\n'.join(export_lines(env)), cache=shlex.quote(cache_url),
                            devices=int(devices), conf=shlex.quote(conf_name))
 
 # %% ../../nbs/api/52_nxdt.ipynb #b173ac54
@@ -107,7 +107,7 @@ def export_nxdt(recipe: Recipe | str, out_dir, cluster=None, overrides=(), cache
     r, prof = resolve_cluster(r, cluster)
     if prof.backend != 'xla': raise RecipeError(f"cluster.profile={prof.name!r}: NxD Training export is for trn1 (legacy XLA); this profile runs nxpretrain natively")
     validate(r, r.cluster.nodes * prof.devices_per_node)
-    out = Path(_plain('path', Path(out_dir).absolute(), 'out_dir'))
+    out = Path(plain_value('path', Path(out_dir).absolute(), 'out_dir'))
     conf = re.sub(r'[^A-Za-z0-9_]+', '_', r.name) + '_config'
     (out / 'conf').mkdir(parents=True, exist_ok=True); (out / 'logs').mkdir(exist_ok=True)
     cache_url = cache_url or str(out / 'neuron-cache')
@@ -119,7 +119,7 @@ def export_nxdt(recipe: Recipe | str, out_dir, cluster=None, overrides=(), cache
         name, log = job_name(r.name, kind), str(out / 'logs' / '%x-%j.out')
         command = f"srun {shlex.quote(str(sh))}"
         lines = ['#!/bin/bash', f"# NxD Training {kind} job for recipe {r.name!r}: {r.cluster.nodes} × {prof.name}".replace('\n', ' '),
-                 *_header(name, r.cluster.nodes, prof, r.cluster, log, kind, requeue=kind == 'train'), '',
+                 *sbatch_header(name, r.cluster.nodes, prof, r.cluster, log, kind, requeue=kind == 'train'), '',
                  f"export COMPILE={compile_}", f"cd {shlex.quote(str(out))}", command]
         if kind == 'train': lines[-1:] = [f"{command} || {{ [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt 100 ] && scontrol requeue \"$SLURM_JOB_ID\"; }}"]
         job = Job(name, kind, '\n'.join(lines) + '\n', command, [str(sh)], out, out / 'conf' / f"{conf}.yaml", log,

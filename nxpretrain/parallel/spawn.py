@@ -4,16 +4,14 @@
 
 # %% ../../nbs/api/31_spawn.ipynb #bb3c4e92
 from __future__ import annotations
-import os, socket, time, queue, datetime, traceback, multiprocessing as mp
+import os, socket, sys, time, queue, datetime, traceback, multiprocessing as mp
 import torch, torch.distributed as dist
+from ..errors import DistributedError
 
 # %% auto #0
-__all__ = ['DistributedError', 'free_port', 'run_distributed', 'rank_and_sum', 'fail_on_rank']
+__all__ = ['free_port', 'run_distributed', 'rank_and_sum', 'fail_on_rank']
 
 # %% ../../nbs/api/31_spawn.ipynb #a41e41f5
-class DistributedError(RuntimeError):
-    "A rank raised, died or timed out; the message carries that rank's traceback."
-
 def free_port() -> int:
     "A TCP port that was free a moment ago (for the rendezvous)."
     with socket.socket() as s:
@@ -42,7 +40,8 @@ def _worker(fn, rank, world, port, threads, timeout, env, results, args, kwargs)
     finally:
         try:
             if dist.is_initialized(): dist.destroy_process_group()
-        except Exception: pass
+        except Exception as e:   # a peer that died first can make the teardown fail; the result above is what counts
+            print(f"rank {rank}: could not tear down the process group: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 # %% ../../nbs/api/31_spawn.ipynb #bda42773
 _SECONDARY = ('Connection reset', 'Connection closed', 'Timed out', 'timed out', 'Broken pipe', 'Socket closed')

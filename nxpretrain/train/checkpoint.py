@@ -6,20 +6,19 @@
 from __future__ import annotations
 import contextlib, io, json, os, pickle, shutil, threading, time, warnings
 import crc32c
+from dataclasses import dataclass, asdict
 from pathlib import Path
+from ..errors import CheckpointError
 
 # %% auto #0
-__all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'CheckpointError', 'step_dir', 'checkpoint_step', 'crc_file',
-           'verify_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world', 'barrier',
+__all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'step_dir', 'checkpoint_step', 'crc_file', 'verify_checkpoint',
+           'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world', 'quiet_dcp', 'barrier',
            'broadcast_object', 'rng_state', 'set_rng_state', 'Checkpointer', 'ChecksummedFile', 'shard_writer',
-           'load_weights']
+           'load_weights', 'TrainState', 'TrainingStateDict']
 
 # %% ../../nbs/api/41_checkpoint.ipynb #c7ee9ec9
 MARKER = 'COMPLETE'              # written last: its presence means every shard is on disk
 TRAINER_STATE = 'trainer_state.json'
-
-class CheckpointError(RuntimeError):
-    "A checkpoint is partial, corrupted or missing; the message names the folder and file."
 
 def step_dir(root, step: int) -> Path: return Path(root) / f'step_{int(step)}'
 
@@ -110,7 +109,7 @@ def _dist():
 def rank() -> int: return d.get_rank() if (d := _dist()) else 0
 def world() -> int: return d.get_world_size() if (d := _dist()) else 1
 @contextlib.contextmanager
-def _quiet():
+def quiet_dcp():
     "Silence DCP's 'assuming the intent is to save in a single process' warning: in one process that is the intent."
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='torch.distributed is disabled')
@@ -242,8 +241,13 @@ def _prune(root: Path, keep_last: int, log=print):
     newest = checkpoint_step(complete[-1])
     doomed = (complete[:-keep_last] if keep_last > 0 else []) + [p for p in ckpts if not (p / MARKER).exists() and checkpoint_step(p) < newest]
     for p in doomed:
-        # marker first: a half-deleted folder must never look complete
-        (p / MARKER).unlink(missing_ok=True); shutil.rmtree(p, ignore_errors=True)
+        try:
+            # marker first: a half-deleted folder must never look complete
+            (p / MARKER).unlink(missing_ok=True)
+            shutil.rmtree(p)
+        except OSError as e:
+            # pruning runs in a background thread: say what is left, never stop the run for it
+            log(f"warning: could not delete old checkpoint {p} ({e}); delete it by hand to free its space")
 
 # %% ../../nbs/api/41_checkpoint.ipynb #e6f8fdf1
 def _stage(state, staged=None):
@@ -279,7 +283,7 @@ def save(self: Checkpointer, step: int, state: dict, trainer_state: dict, planne
     with open(rng, 'rb') as f: os.fsync(f.fileno())   # on disk before the marker names it
     def write(state, pg=None):
         writer = shard_writer(d)
-        with _quiet(): dcp.save(state, storage_writer=writer, planner=planner, process_group=pg, no_dist=_dist() is None)
+        with quiet_dcp(): dcp.save(state, storage_writer=writer, planner=planner, process_group=pg, no_dist=_dist() is None)
         _report_rank_files(d, r, writer.files)
         if r == 0:
             _finish(d, n, self.timeout_s)
@@ -334,7 +338,7 @@ def load(self: Checkpointer, state: dict, path=None, rng: bool = True) -> dict |
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import load_file
     if (d := self.find(path)) is None: return None
-    with _quiet(): dcp.load(state, storage_reader=safe_reader(d), no_dist=_dist() is None)
+    with quiet_dcp(): dcp.load(state, storage_reader=safe_reader(d), no_dist=_dist() is None)
     if rng and (f := d / f'rng_rank{rank()}.safetensors').exists(): set_rng_state(load_file(str(f)))
     self.log(f"resumed from {d}")
     return json.loads((d / TRAINER_STATE).read_text())
@@ -347,6 +351,72 @@ def load_weights(model, path) -> Path:
     d = Path(path)
     if rank() == 0: verify_checkpoint(d)
     sd = {'model': get_model_state_dict(model)}
-    with _quiet(): dcp.load(sd, storage_reader=safe_reader(d), no_dist=_dist() is None)
+    with quiet_dcp(): dcp.load(sd, storage_reader=safe_reader(d), no_dist=_dist() is None)
     set_model_state_dict(model, sd['model'])
     return d
+
+# %% ../../nbs/api/41_checkpoint.ipynb #69c0f4de
+@dataclass
+class TrainState:
+    "Progress of a run: optimizer steps taken, samples consumed, steps skipped (loss or gradients not finite)."
+    step: int = 0
+    consumed_samples: int = 0
+    skipped_steps: int = 0
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_state_dict(cls, d: dict | None) -> 'TrainState':
+        "The state of a resumed checkpoint's trainer state (a fresh one for None)."
+        if not d: return cls()
+        return cls(d['step'], d['consumed_samples'], d.get('skipped_steps', 0))
+
+# %% ../../nbs/api/41_checkpoint.ipynb #2fd8256d
+_IMPL_FLAGS = ('foreach', 'fused', 'capturable', 'differentiable')  # how this process runs the optimizer, not state
+
+def _flat():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+class TrainingStateDict:
+    "The `{'model', 'optim'}` DCP state of `module` (a model, or a parallel model's `module` view) and `optimizer`."
+    def __init__(self, module, optimizer):
+        self.module, self.optimizer = module, optimizer
+
+    def state_dict(self, saving: bool = False) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        model = get_model_state_dict(self.module, options=_flat())
+        if hasattr(self.optimizer, 'flat_state_dict'): optim = self.optimizer.flat_state_dict(self.module)
+        else: optim = get_optimizer_state_dict(self.module, self.optimizer, options=_flat())
+        if saving:
+            for k in [k for k in optim if '.tok_embeddings.weight' in k]:
+                optim.setdefault(k.replace('.tok_embeddings.weight', '.output.weight'), optim[k])
+        return {'model': model, 'optim': optim}
+
+    def load_state_dict(self, state: dict):
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+        impl = [{k: g[k] for k in _IMPL_FLAGS if k in g} for g in self.optimizer.param_groups]
+        set_model_state_dict(self.module, state['model'], options=_flat())
+        if hasattr(self.optimizer, 'load_flat_state_dict'): self.optimizer.load_flat_state_dict(state['optim'], self.module)
+        else: set_optimizer_state_dict(self.module, self.optimizer, state['optim'], options=_flat())
+        for g, flags in zip(self.optimizer.param_groups, impl): g.update(flags)
+
+# %% ../../nbs/api/41_checkpoint.ipynb #42ff1bae
+@patch
+def time_due(self: Checkpointer, every_minutes: float) -> bool:
+    "Whether `every_minutes` have passed since this checkpointer last saved (or was made)."
+    since = getattr(self, '_last_save_time', None) or getattr(self, '_made_at', None)
+    if since is None: since = self._made_at = time.time()
+    return every_minutes > 0 and time.time() - since >= 60 * every_minutes
+
+@patch
+def maybe_save(self: Checkpointer, step: int, state_fn, trainer_state: dict, every: int = 0, every_minutes: float = 0,
+               signalled: bool = False, last_step: bool = False, time_due: bool = False) -> Path | None:
+    "Save `state_fn()` as `step_<step>` when the policy says so; the checkpoint's path, or None."
+    scheduled = bool(every) and step % every == 0
+    final = last_step and bool(every or every_minutes)
+    if not (scheduled or time_due or signalled or final): return None
+    path = self.save(step, state_fn(), trainer_state)
+    self._last_save_time = time.time()
+    return path

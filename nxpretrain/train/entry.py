@@ -6,13 +6,13 @@
 from __future__ import annotations
 import argparse, json, os, sys, time
 from pathlib import Path
-from .trainer import EXIT_OK, EXIT_REQUEUE, EXIT_NONFINITE
+from ..errors import EXIT_BAD_INPUT, EXIT_REQUEUE, CheckpointError, DataError, RecipeError
+from .trainer import EXIT_OK, EXIT_NONFINITE
 
 # %% auto #0
-__all__ = ['EXIT_BAD_INPUT', 'EXIT_STATUS_FILE', 'exit_status', 'parser', 'main']
+__all__ = ['EXIT_STATUS_FILE', 'exit_status', 'parser', 'main']
 
 # %% ../../nbs/api/44_entry.ipynb #d2ccd468
-EXIT_BAD_INPUT = 2
 EXIT_STATUS_FILE = 'exit_status.json'
 
 def exit_status(run_dir) -> dict | None:
@@ -36,15 +36,15 @@ def parser() -> argparse.ArgumentParser:
 # %% ../../nbs/api/44_entry.ipynb #4628eaa9
 def main(argv: list[str] | None = None) -> int:
     "Parse `argv`, train, write `exit_status.json`, return the exit code."
-    from nxpretrain.recipes import get_recipe, RecipeError
-    from nxpretrain.train.trainer import train, TrainingError
-    from nxpretrain.train.checkpoint import CheckpointError, rank
+    from nxpretrain.recipes import get_recipe
+    from nxpretrain.train.trainer import train
+    from nxpretrain.train.checkpoint import rank
     a = parser().parse_intermixed_args(argv)
     try:
         recipe = get_recipe(a.recipe, *a.overrides)
         res = train(recipe, a.out_dir, a.max_steps, resume_from=a.resume_from, weights_only=a.weights_only,
                     async_save=a.async_save, progress=not a.no_progress)
-    except (RecipeError, CheckpointError) as e:
+    except (RecipeError, CheckpointError, DataError) as e:
         print(f"error: {e}", file=sys.stderr); return EXIT_BAD_INPUT
     if rank() == 0:
         Path(res.out_dir, EXIT_STATUS_FILE).write_text(json.dumps(dict(code=res.exit_code, stopped=res.stopped, step=res.final_step,

@@ -69,7 +69,10 @@ def import_hf(path, out, recipe: Recipe | None = None):
 # %% ../../nbs/api/45_hf.ipynb #901ba7ea
 def checkpoint_recipe(checkpoint) -> Recipe:
     "The recipe a checkpoint was trained (or imported) with."
-    st = json.loads((Path(checkpoint) / 'trainer_state.json').read_text())
+    from nxpretrain.train.checkpoint import verify_checkpoint
+    state = Path(checkpoint) / 'trainer_state.json'
+    if not state.exists(): verify_checkpoint(checkpoint, deep=False)   # says what is wrong: no folder, or a partial save
+    st = json.loads(state.read_text())
     if 'recipe' not in st: raise RecipeError(f"{checkpoint}: trainer_state.json has no recipe; pass the recipe explicitly")
     return from_dict(Recipe, st['recipe'])
 
@@ -96,12 +99,12 @@ def checkpoint_tensors(checkpoint) -> tuple[dict, callable]:
     """(our key → DCP tensor metadata) of the model weights in a checkpoint, and `take(key)` that reads one of them whole
     (gathered from every rank's shards) – so a tool can walk a model far larger than memory one tensor at a time."""
     import torch, torch.distributed.checkpoint as dcp
-    from nxpretrain.train.checkpoint import safe_reader, verify_checkpoint, _quiet
+    from nxpretrain.train.checkpoint import safe_reader, verify_checkpoint, quiet_dcp
     d = Path(checkpoint); verify_checkpoint(d)
     meta = {k[len('model.'):]: m for k, m in safe_reader(d).read_metadata().state_dict_metadata.items() if k.startswith('model.')}
     def take(key):
         m = meta[key]; t = torch.empty(tuple(m.size), dtype=m.properties.dtype)
-        with _quiet(): dcp.load({'model': {key: t}}, storage_reader=safe_reader(d), no_dist=True)
+        with quiet_dcp(): dcp.load({'model': {key: t}}, storage_reader=safe_reader(d), no_dist=True)
         return t
     return meta, take
 
