@@ -9,7 +9,8 @@ from pathlib import Path
 import yaml
 from ..recipes import Recipe, RecipeError, get_recipe, validate
 from ..clusters import profile
-from .job import Job, sbatch_header, export_lines, plain_value, job_name, resolve_cluster
+from .job import Job, export_lines, plain_value, job_name, resolve_cluster
+from .slurm import sbatch_header
 
 # %% auto #0
 __all__ = ['TRAIN_SH', 'nxdt_config', 'train_sh', 'export_nxdt', 'parse_compile_log']
@@ -119,11 +120,12 @@ def export_nxdt(recipe: Recipe | str, out_dir, cluster=None, overrides=(), cache
         name, log = job_name(r.name, kind), str(out / 'logs' / '%x-%j.out')
         command = f"srun {shlex.quote(str(sh))}"
         lines = ['#!/bin/bash', f"# NxD Training {kind} job for recipe {r.name!r}: {r.cluster.nodes} × {prof.name}".replace('\n', ' '),
-                 *sbatch_header(name, r.cluster.nodes, prof, r.cluster, log, kind, requeue=kind == 'train'), '',
+                 *sbatch_header(name, r.cluster.nodes, prof, r.cluster.partition, r.cluster.time, log, requeue=kind == 'train'), '',
                  f"export COMPILE={compile_}", f"cd {shlex.quote(str(out))}", command]
         if kind == 'train': lines[-1:] = [f"{command} || {{ [ \"${{SLURM_RESTART_COUNT:-0}}\" -lt 100 ] && scontrol requeue \"$SLURM_JOB_ID\"; }}"]
-        job = Job(name, kind, '\n'.join(lines) + '\n', command, [str(sh)], out, out / 'conf' / f"{conf}.yaml", log,
-                  r.cluster.nodes, prof.devices_per_node, prof.name, {'COMPILE': str(compile_)})
+        job = Job(name, kind, [str(sh)], out, out / 'conf' / f"{conf}.yaml", r.cluster.nodes, prof.devices_per_node, prof.name,
+                  {'COMPILE': str(compile_)}, distributed=False, partition=r.cluster.partition, time=r.cluster.time,
+                  requeue=kind == 'train', scheduler='slurm', script='\n'.join(lines) + '\n', log=log, script_suffix='sbatch')
         job.script_path.write_text(job.script)
         jobs[kind] = job
     return jobs
