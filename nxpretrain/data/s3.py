@@ -7,7 +7,7 @@ from __future__ import annotations
 import fnmatch, hashlib, json, os, shutil, subprocess, time
 from pathlib import Path
 from tqdm.auto import tqdm
-from .corpus import DataError
+from ..errors import DataError
 
 # %% auto #0
 __all__ = ['SHA256_META', 'split_url', 's3_client', 'explain', 'file_sha256', 'etag_of', 'verify', 'download', 'upload',
