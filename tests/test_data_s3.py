@@ -123,3 +123,18 @@ def test_sync_a_pattern_like_seed_1(tmp_path, endpoint, use_s5cmd):
     if not use_s5cmd: s3.sync('s3://public-data/the_pile_gpt3/*', tmp_path / 'pile', anonymous=True, endpoint_url=endpoint, use_s5cmd=False, progress=False)
     else: s3.sync('s3://public-data/the_pile_gpt3/*', tmp_path / 'pile', anonymous=True, endpoint_url=endpoint, use_s5cmd=True, progress=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / 'pile').iterdir()} == files
+
+
+def test_command_line_like_the_seeds(tmp_path, endpoint, blob):
+    "`python -m nxpretrain.data.s3 cp … --no-sign-request`, as seed 3 runs `aws s3 cp`; errors are one line and exit 2."
+    import subprocess, sys
+    run = lambda *a: subprocess.run([sys.executable, '-m', 'nxpretrain.data.s3', *a, '--endpoint-url', endpoint, '--no-progress'],
+                                    capture_output=True, text=True, timeout=60)
+    up = run('cp', str(tmp_path / 'blob.bin'), 's3://public-data/cli/blob.bin')
+    assert up.returncode == 0, up.stderr
+    (tmp_path / 'dl').mkdir()
+    down = run('cp', 's3://public-data/cli/blob.bin', str(tmp_path / 'dl'), '--no-sign-request')
+    assert down.returncode == 0 and (tmp_path / 'dl' / 'blob.bin').read_bytes() == blob, down.stderr
+    assert f"{len(blob)}  s3://public-data/cli/blob.bin" in run('ls', 's3://public-data/cli/', '--no-sign-request').stdout
+    bad = run('cp', 's3://no-such-bucket/x.tar', str(tmp_path / 'dl'), '--no-sign-request')
+    assert bad.returncode == 2 and bad.stderr.strip().count('\n') == 0 and 'no such bucket' in bad.stderr

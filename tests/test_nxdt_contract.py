@@ -71,7 +71,7 @@ def test_megatron_contract_needs_data_prefix_and_tokenizer(exports, tmp_path):
 
 def test_docs_table_is_what_the_code_exports():
     "The differences table in the contract notebook (the docs) equals the one the exports produce now."
-    nb = json.loads((ROOT / 'nbs/api/56_nxdt_contract.ipynb').read_text())
+    nb = json.loads((ROOT / 'nbs/api/58_nxdt_contract.ipynb').read_text())
     cells = [''.join(c['source']) for c in nb['cells'] if c['cell_type'] == 'markdown']
     table = next(c for c in cells if c.startswith('| key | recipes |'))
     assert table.strip() == differences_markdown(catalog_differences()).strip()

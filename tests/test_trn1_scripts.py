@@ -103,4 +103,4 @@ def test_sbatch_lines_are_seed4s(run, flag, value, source):
     for job in jobs.values():
         line = f"#SBATCH {flag}" + (f"={value}" if value else '')
         assert line in job.script.splitlines(), (flag, source)
-    assert 'srun ' in jobs['train'].command
+    assert 'srun ' in jobs['train'].script

@@ -7,11 +7,11 @@ from __future__ import annotations
 import fnmatch, hashlib, json, os, shutil, subprocess, time
 from pathlib import Path
 from tqdm.auto import tqdm
-from ..errors import DataError
+from .corpus import DataError
 
 # %% auto #0
 __all__ = ['SHA256_META', 'split_url', 's3_client', 'explain', 'file_sha256', 'etag_of', 'verify', 'download', 'upload',
-           'list_objects', 'sync', 'upload_dir']
+           'list_objects', 'sync', 'upload_dir', 'main']
 
 # %% ../../nbs/api/17_s3.ipynb #35826df6
 def split_url(url: str) -> tuple[str, str]:
@@ -250,3 +250,32 @@ def upload_dir(folder, url: str, last: tuple = (), anonymous: bool = False, endp
         urls.append(url.rstrip('/') + '/' + p.relative_to(folder).as_posix())
         upload(p, urls[-1], anonymous, endpoint_url, progress=False, client=client, **kw)
     return urls
+
+# %% ../../nbs/api/17_s3.ipynb #2a0e3402
+def main(argv=None) -> int:
+    "Command line: cp (either direction), sync, ls."
+    import argparse
+    ap = argparse.ArgumentParser(prog='python -m nxpretrain.data.s3', description='S3 copies with resume and checksums')
+    ap.add_argument('command', choices=('cp', 'sync', 'ls'))
+    ap.add_argument('src'); ap.add_argument('dest', nargs='?')
+    ap.add_argument('--no-sign-request', action='store_true', help='anonymous access (public buckets)')
+    ap.add_argument('--endpoint-url', default=None); ap.add_argument('--sha256', default=None)
+    ap.add_argument('--no-s5cmd', action='store_true'); ap.add_argument('--no-progress', action='store_true')
+    a = ap.parse_args(argv)
+    kw = dict(anonymous=a.no_sign_request, endpoint_url=a.endpoint_url)
+    try:
+        if a.command == 'ls':
+            for key, size, _ in list_objects(a.src, **kw): print(f"{size:>14}  s3://{split_url(a.src)[0]}/{key}")
+        elif a.command == 'sync':
+            print(f"{len(sync(a.src, a.dest or '.', use_s5cmd=False if a.no_s5cmd else None, progress=not a.no_progress, **kw))} files under {a.dest or '.'}")
+        elif a.src.startswith('s3://'):
+            dest = Path(a.dest or '.')
+            if dest.is_dir() or str(a.dest or '').endswith('/'): dest = dest / split_url(a.src)[1].rsplit('/', 1)[-1]
+            print(download(a.src, dest, sha256=a.sha256, progress=not a.no_progress, **kw))
+        else: print(upload(a.src, a.dest, progress=not a.no_progress, **kw))
+    except DataError as e:
+        print(f"error: {e}", file=__import__('sys').stderr); return 2
+    return 0
+
+# %% ../../nbs/api/17_s3.ipynb #aa985ed7
+if __name__ == '__main__': raise SystemExit(main())

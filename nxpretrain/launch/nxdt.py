@@ -11,7 +11,8 @@ import yaml
 from ..recipes import Recipe, RecipeError, ModelConfig, get_recipe, validate
 from .nxdt_contract import EXAMPLES, example_name, flat
 from ..clusters import profile
-from .job import Job, sbatch_header, export_lines, plain_value, job_name, resolve_cluster
+from .job import Job, export_lines, plain_value, job_name, resolve_cluster
+from .slurm import sbatch_header
 
 # %% auto #0
 __all__ = ['NXDT_ENV', 'TRAIN_SH', 'recompute_modules', 'corpus_prefix', 'data_prefix', 'gpt2_files', 'llama_config_json',
@@ -239,11 +240,12 @@ def export_nxdt(recipe: Recipe | str, out_dir, cluster=None, overrides=(), cache
         name, log = job_name(r.name, kind), str(out / 'logs' / '%x-%j.out')
         command = f"srun {shlex.quote(str(sh))}"
         lines = ['#!/bin/bash', f"# NxD Training {kind} job for recipe {r.name!r}: {r.cluster.nodes} × {prof.name}".replace('\n', ' '),
-                 *sbatch_header(name, r.cluster.nodes, prof, r.cluster, log, kind, requeue=kind == 'train'), '',
+                 *sbatch_header(name, r.cluster.nodes, prof, r.cluster.partition, r.cluster.time, log, requeue=kind == 'train'), '',
                  f"export COMPILE={compile_}", f"cd {shlex.quote(str(out))}",
                  _TRAIN_RUN.format(command=command) if kind == 'train' else command]
-        job = Job(name, kind, '\n'.join(lines) + '\n', command, [str(sh)], out, out / 'conf' / f"{conf}.yaml", log,
-                  r.cluster.nodes, prof.devices_per_node, prof.name, {'COMPILE': str(compile_)})
+        job = Job(name, kind, [str(sh)], out, out / 'conf' / f"{conf}.yaml", r.cluster.nodes, prof.devices_per_node, prof.name,
+                  {'COMPILE': str(compile_)}, distributed=False, partition=r.cluster.partition, time=r.cluster.time,
+                  requeue=kind == 'train', scheduler='slurm', script='\n'.join(lines) + '\n', log=log, script_suffix='sbatch')
         job.script_path.write_text(job.script)
         jobs[kind] = job
     return jobs

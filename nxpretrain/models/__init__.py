@@ -16,10 +16,12 @@ __all__ = ['build_model']
 _ARCHS = {'gpt': ('nxpretrain.models.gpt', 'GPT'), 'llama': ('nxpretrain.models.llama', 'Llama'),
           'bert': ('nxpretrain.models.bert', 'Bert')}
 
-def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> nn.Module:
-    "The model of `cfg.arch` with its `vocab_size` (default `padded_vocab(cfg)`), on the current device."
+def build_model(cfg: ModelConfig, vocab_size: int | None = None, seed: int = 0) -> nn.Module:
+    "The model of `cfg.arch` with its `vocab_size` (default `padded_vocab(cfg)`), on the current device, initialised from `seed`."
     if cfg.arch not in _ARCHS: raise RecipeError(f"model.arch={cfg.arch!r}: choose one of {', '.join(_ARCHS)}")
     if vocab_size is not None and vocab_size < cfg.vocab_size:
         raise RecipeError(f"vocab_size={vocab_size} is smaller than model.vocab_size={cfg.vocab_size}: pass padded_vocab(cfg, tp) or nothing")
     mod, cls = _ARCHS[cfg.arch]
-    return getattr(importlib.import_module(mod), cls)(cfg, vocab_size or padded_vocab(cfg))
+    model = getattr(importlib.import_module(mod), cls)(cfg, vocab_size or padded_vocab(cfg))
+    if seed: model.init_weights(seed)   # the constructor initialised it from seed 0
+    return model

@@ -9,7 +9,11 @@ import torch, torch.distributed as dist
 from ..recipes import Recipe, get_recipe
 from ..models import build_model
 from .state import initialize_model_parallel, destroy_model_parallel
-from .engine import parallelize, token_loss_sum, _loss_fn, dp_shard, param_groups, unreplicate_kv, kv_replicated_params, IGNORE_INDEX
+from ..recipes import padded_vocab
+from .engine import build_parallel_model, param_groups
+from .loss import LossCounts, pretraining_loss, IGNORE_INDEX
+from .data import dp_shard
+from .tensor import unreplicate_kv, kv_replicated_params
 
 # %% auto #0
 __all__ = ['TINY', 'NOISE_ONLY', 'TOLERANCE', 'tiny_recipe', 'tiny_batch', 'check_layout', 'assert_equal_to_reference']
@@ -41,10 +45,6 @@ def tiny_batch(recipe: Recipe, seed: int = 1, ignore_frac: float = 0.1):
     return tokens, labels, dict(nsp_labels=torch.randint(0, 2, (d.global_batch,), generator=g), token_types=types, attention_mask=mask)
 
 # %% ../../nbs/api/35_check.ipynb #ee119a32
-class _Counts:
-    "The normalisers `_loss_fn` reads, for the single-process reference."
-    def __init__(self, count, n_seqs): self._count, self._n_seqs, self.ignore_index = count, n_seqs, IGNORE_INDEX
-
 def _full(t): return t.full_tensor() if hasattr(t, 'full_tensor') else t
 
 def _rel(a, b) -> float: return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
@@ -60,9 +60,8 @@ def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed:
     r = tiny_recipe(arch, *overrides)
     p = r.parallel
     state = initialize_model_parallel(p.tp, p.pp, p.cp, 'cpu')
-    torch.manual_seed(seed)
-    model = build_model(r.model); ref = copy.deepcopy(model)
-    pm = parallelize(model, r, state)
+    ref = build_model(r.model, padded_vocab(r.model, p.tp), seed=seed)
+    pm = build_parallel_model(r, state, seed=seed)   # on meta, then this rank's shards: the same initial weights
     if sabotage == 'skip_reduce': pm.reduce_grads = lambda: None
     opt = pm.build_optimizer()
     o = r.optim
@@ -74,14 +73,15 @@ def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed:
         extra = extra[0] if extra else {}
         ref_opt.zero_grad()
         ref_inputs = {k: v for k, v in extra.items() if k != 'nsp_labels'}
-        loss = _loss_fn(_Counts(max((labels != IGNORE_INDEX).sum().item(), 1), labels.shape[0]))(ref(tokens, **ref_inputs), labels, extra.get('nsp_labels'))
+        counts = LossCounts(max((labels != IGNORE_INDEX).sum().item(), 1), labels.shape[0])
+        loss = pretraining_loss(ref(tokens, **ref_inputs), labels, counts, extra.get('nsp_labels'))
         loss.backward()
         out['ref_loss'].append(loss.item())
         out['ref_norm'].append(torch.nn.utils.clip_grad_norm_(ref.parameters(), o.clip_grad).item())
         ref_opt.step()
         t0 = time.perf_counter()
         opt.zero_grad()
-        out['loss'].append(pm.forward_backward(dp_shard(tokens, state), dp_shard(labels, state), **{k: dp_shard(v, state) for k, v in extra.items()}))
+        out['loss'].append(float(pm.forward_backward(dp_shard(tokens, state), dp_shard(labels, state), **{k: dp_shard(v, state) for k, v in extra.items()})))
         if step == 0:   # gradients before clipping, against the reference's (clip_grad_norm_ above scaled them: undo)
             scale = min(1.0, o.clip_grad / (out['ref_norm'][0] + 1e-6))
             for name, q in pm.named_parameters():
@@ -90,7 +90,7 @@ def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed:
                 if id(q) in kv: g = unreplicate_kv(g, *kv[id(q)])
                 out['grad_err'] = max(out['grad_err'], _rel(g, ref.get_parameter(name).grad / scale))
                 out.setdefault('grad_errs', {})[name] = _rel(g, ref.get_parameter(name).grad / scale)
-        out['norm'].append(pm.clip_grad_norm_(o.clip_grad))
+        out['norm'].append(float(pm.clip_grad_norm_(o.clip_grad)))
         opt.step()
         out['time'] += time.perf_counter() - t0
     for name, q in pm.named_parameters():
