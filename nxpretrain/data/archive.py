@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, os, shutil, tarfile
 from pathlib import Path, PurePosixPath
 from tqdm.auto import tqdm
-from .corpus import DataError
+from ..errors import DataError
 
 # %% auto #0
 __all__ = ['BERT_HDF5_TARS', 'check_members', 'extract_tar', 'fetch_bert_hdf5', 'bert_hdf5_folder', 'main']

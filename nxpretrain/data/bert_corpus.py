@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
-from .corpus import DataError
+from ..errors import DataError
 from .blocks import HDF5_KEYS
 
 # %% auto #0

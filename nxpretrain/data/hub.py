@@ -6,7 +6,8 @@
 from __future__ import annotations
 import os
 from pathlib import Path
-from .corpus import DataError, write_jsonl
+from ..errors import DataError
+from .corpus import write_jsonl
 
 # %% auto #0
 __all__ = ['TOKENIZER_FILES', 'WEIGHT_FILES', 'hub_endpoint', 'explain', 'download_repo', 'download_tokenizer',
