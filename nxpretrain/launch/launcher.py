@@ -192,7 +192,9 @@ def find_launcher(job_id) -> tuple[Launcher, str]:
             try: seen[name] = get_launcher(name)
             except RecipeError: continue     # a scheduler whose module is not imported in this process
         if rec.get('cluster', '') == seen[name].cluster: return seen[name], str(job_id)
-    return get_launcher('slurm'), str(job_id)
+    slurm = get_launcher('slurm')
+    if why := slurm.reachable(): raise LaunchError(f"job {job_id}: no job of that id was submitted from here, and {why}")
+    return slurm, str(job_id)
 
 def status(job_id) -> JobStatus:
     "The state of `job_id`, from the scheduler that gave it."

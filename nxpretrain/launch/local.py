@@ -57,7 +57,8 @@ def _record_status(rec: dict, cluster: str) -> JobStatus:
     s = JobStatus(rec['id'], JobState.UNKNOWN, 'local', cluster, rec['name'], log=rec['log'], exit_code=code,
                   elapsed_s=round(end - t0, 1) if t0 else 0, nodes=1, node_list=cluster)
     alive = _start_ticks(rec['pid']) == rec['start_ticks']
-    if (d / 'cancelled').exists() and (code is not None or not alive): s.state, s.reason = JobState.CANCELLED, 'cancelled'
+    if not d.is_dir() and not alive: s.reason = f"its job folder {rec['out_dir']} is gone"   # UNKNOWN: nothing left to tell
+    elif (d / 'cancelled').exists() and (code is not None or not alive): s.state, s.reason = JobState.CANCELLED, 'cancelled'
     elif code == 0: s.state = JobState.COMPLETED
     elif code is not None: s.state, s.reason = JobState.FAILED, f"exit status {code}"
     elif alive: s.state = JobState.RUNNING if t0 else JobState.PENDING
