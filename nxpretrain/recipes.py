@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 from .errors import RecipeError
 from .clusters import profile
+from .families import family
 
 # %% auto #0
 __all__ = ['DEMO_VOCAB', 'CATALOG', 'ALIASES', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig', 'TrainerConfig',
@@ -244,7 +245,7 @@ def data_parallel_size(recipe: Recipe, world: int | None = None) -> int:
     return world // (p.tp * p.pp * p.cp) if world % (p.tp * p.pp * p.cp) == 0 else 0
 
 # %% ../nbs/api/00_recipes.ipynb #64d620bc
-_CHOICES = {'model.arch': ('gpt', 'llama', 'bert'), 'parallel.activation_checkpointing': ('none', 'full', 'selective'),
+_CHOICES = {'parallel.activation_checkpointing': ('none', 'full', 'selective'),
             'parallel.precision': ('bf16', 'fp32'), 'parallel.pp_schedule': ('1f1b', 'interleaved', 'gpipe'),
             'optim.name': ('adamw', 'lamb'), 'optim.decay': ('cosine', 'linear', 'constant'),
             'trainer.device': ('auto', 'cpu', 'cuda', 'neuron')}
@@ -282,8 +283,10 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
     if p.zero1 and p.fsdp: out.append("parallel.zero1 and parallel.fsdp are both set: FSDP already shards optimizer state; keep one")
     if p.activation_checkpointing == 'selective' and not p.checkpoint_modules:
         out.append("parallel.activation_checkpointing=selective needs parallel.checkpoint_modules, e.g. [attention, mlp]")
-    if m.arch == 'llama' and m.head_dim % 2: out.append(f"model.hidden/n_heads={m.head_dim}: RoPE needs an even head dimension")
-    if m.arch != 'llama' and m.positions < m.seq_len: out.append(f"model.max_position={m.positions} < model.seq_len={m.seq_len}: raise max_position")
+    try: out += family(m.arch).problems(recipe)   # what the model family supports and needs
+    except RecipeError as e: out.append(str(e))
+    if p.pp_cuts and p.virtual_pp > 1:
+        out.append("parallel.pp_cuts with parallel.virtual_pp>1: manual cuts name pp stages; drop one of them")
     if m.vocab_size < 2: out.append(f"model.vocab_size={m.vocab_size}: must be the tokenizer's vocabulary size")
     if m.make_vocab_size_divisible_by < 1: out.append("model.make_vocab_size_divisible_by must be ≥ 1 (Megatron uses 128)")
     try: world = world or world_size(recipe)
@@ -295,6 +298,10 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
         if p.dp not in (-1, dp): out.append(f"parallel.dp={p.dp} but the world gives {world}/(tp·pp·cp)={dp}: set parallel.dp=-1 or {dp}")
         if d.global_batch % (d.micro_batch * dp):
             out.append(f"data.global_batch={d.global_batch} is not divisible by data.micro_batch×DP={d.micro_batch}×{dp}: use a multiple of {d.micro_batch * dp}")
+        elif p.pp > 1 and (p.pp_schedule == 'interleaved' or p.virtual_pp > 1) and (d.global_batch // (d.micro_batch * dp)) % p.pp:
+            n_mb = d.global_batch // (d.micro_batch * dp)
+            out.append(f"data.global_batch={d.global_batch}: the interleaved pipeline's {n_mb} micro-batches per step are not a "
+                       f"multiple of parallel.pp={p.pp}; use a global batch of a multiple of {d.micro_batch * dp * p.pp}")
     if recipe.trainer.upload_to and not recipe.trainer.upload_to.startswith('s3://'):
         out.append(f"trainer.upload_to={recipe.trainer.upload_to!r}: give an s3://bucket/prefix address, or '' for no upload")
     if recipe.optim.warmup_steps > recipe.trainer.max_steps: out.append(f"optim.warmup_steps={recipe.optim.warmup_steps} exceeds trainer.max_steps={recipe.trainer.max_steps}: shorten the warmup")
