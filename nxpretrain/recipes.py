@@ -361,78 +361,97 @@ def _gpt3_p4de(name, model, parallel, micro, gbs, optim, max_steps, eval_steps, 
 # fp32 on CPU: many CPUs (AVX2-only ones among them) have no bf16 instructions, and bf16 matmuls there run ~50× slower
 _CPU_PAR = dict(precision='fp32')
 
-def _catalog() -> dict:
+def _cpu_recipes() -> list:
+    "The tiny CPU recipes: the demo and the tests."
     cpu = dict(profile='local', nodes=1)
-    return {r.name: r for r in [
-        _r('gpt3_tiny', dict(arch='gpt', n_layers=4, hidden=128, n_heads=4, vocab_size=DEMO_VOCAB, seq_len=128), _CPU_PAR,
-           data=dict(micro_batch=8, global_batch=8), optim=dict(lr=3e-3, min_lr=3e-4, warmup_steps=20, weight_decay=0.1),
-           trainer=dict(max_steps=300, log_every=10, eval_every=100, save_every=100, threads=2), cluster=cpu,
-           source='nxpretrain: CPU demo', notes='trains on the embedded demo corpus in minutes on 2 cores'),
-        _r('llama3_tiny', dict(arch='llama', n_layers=4, hidden=128, n_heads=8, n_kv_heads=2, ffn_hidden=352, vocab_size=DEMO_VOCAB,
-                               seq_len=128, rope_theta=500000.0, tie_embeddings=False), _CPU_PAR,
-           data=dict(micro_batch=8, global_batch=8), optim=dict(lr=3e-3, min_lr=3e-4, warmup_steps=20),
-           trainer=dict(max_steps=300, log_every=10, eval_every=100, save_every=100, threads=2), cluster=cpu,
-           source='nxpretrain: CPU demo', notes='Llama-3 architecture (GQA, RoPE θ 5e5, SwiGLU) at demo size'),
-        # the demo BPE has no [CLS] [SEP] [MASK] [PAD]: they take the 4 ids after it
-        _r('bert_tiny', dict(arch='bert', n_layers=2, hidden=128, n_heads=4, vocab_size=DEMO_VOCAB + 4, seq_len=128, max_position=512), _CPU_PAR,
-           data=dict(micro_batch=8, global_batch=8, split='95,5,0'),
-           optim=dict(name='lamb', lr=5e-3, min_lr=5e-4, warmup_steps=20, weight_decay=0.01, betas=[0.9, 0.999], eps=1e-6),
-           trainer=dict(max_steps=200, log_every=10, eval_every=100, eval_steps=4, save_every=100, threads=2), cluster=cpu,
-           source='nxpretrain: CPU demo', notes='MLM + NSP with LAMB, as seed 3 trains BERT-large'),
-        _gpt3_trn1('gpt3_23b', 28, 8192, 64, 8, 4, 4, dict(activation_checkpointing='selective', checkpoint_modules=['attention'])),
-        _gpt3_trn1('gpt3_46b', 56, 8192, 64, 8, 8, 8, dict(activation_checkpointing='full')),
-        _gpt3_trn1('gpt3_175b', 96, 12288, 96, 32, 8, 8, dict(activation_checkpointing='full'), gbs=256,
-                   notes='the tutorial says GBS 32×nodes (256 on 8 nodes), its script 8×nodes (64); lr 5e-5 as in the script'),
-        _r('gpt3_175b_gpu', dict(arch='gpt', n_layers=96, hidden=12288, n_heads=96, vocab_size=_GPT2_VOCAB, seq_len=2048, init_std=0.006),
-           dict(tp=8, pp=16, sequence_parallel=True, zero1=True), dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=512),
-           dict(lr=6e-5, min_lr=6e-6, weight_decay=0.1, warmup_steps=2000, clip_grad=1.0),
-           dict(max_steps=250000, save_every=10000, eval_every=1000, eval_steps=10, log_every=1),
-           dict(profile='nd_h100_v5', nodes=16, storage_gbps=19.2),
-           source='seed 2: Megatron-LM GPT-3 175B on Azure ND H100 v5 (SlimPajama)', notes='GBS ≈ 16×GPUs; checkpoint ≈ 2.3 TiB'),
-        _gpt3_p4de('gpt3_175b_p4de', dict(n_layers=96, hidden=12288, n_heads=96, init_std=0.006),
-                   dict(tp=4, pp=8, virtual_pp=12, pp_schedule='interleaved', sequence_parallel=True, zero1=True,
-                        activation_checkpointing='selective', checkpoint_modules=['attention']),
-                   1, 2048, dict(lr=0.9e-4, min_lr=0.9e-5, warmup_steps=115, decay_steps=75000 - 12500), 75000, 20, 16,
-                   notes="NeMo's gpt3/175b.yaml (TP 4, PP 8, VPP 12, GBS 2048) on the seed's 16 nodes instead of NeMo's 128: "
-                         "DP 4, so each step accumulates 512 micro-batches"),
-        _gpt3_p4de('gpt3_126m_p4de', dict(n_layers=12, hidden=768, n_heads=12, init_std=0.023), {},
-                   4, 256, dict(lr=6e-4, min_lr=6e-5, warmup_steps=636, decay_steps=600000 - 100000), 600000, 50, 8,
-                   notes="the seed's smaller submit example (submit-gpt3-04b8…) names no hyperparameters; this is NeMo's "
-                         "gpt3/126m.yaml on its 8 nodes, the smallest GPT-3 NeMo configures"),
-        _r('gpt3_125m', dict(arch='gpt', n_layers=12, hidden=768, n_heads=12, vocab_size=_GPT2_VOCAB, seq_len=2048),
-           data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=8, global_batch=256), optim=dict(lr=6e-4, min_lr=6e-5, warmup_steps=375),
-           trainer=dict(max_steps=100000), cluster=dict(profile='p5.48xlarge', nodes=1), source='GPT-3 paper table 2.1 (Small)'),
-        _r('gpt3_64m', dict(arch='gpt', n_layers=12, hidden=512, n_heads=8, vocab_size=_GPT2_VOCAB, seq_len=1024),
-           data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=32), optim=dict(lr=6e-5, min_lr=6e-6, warmup_steps=100),
-           trainer=dict(max_steps=1000, save_every=1000, eval_every=1000), cluster=dict(profile='nd_h100_v5', nodes=2),
-           source='seed 2: the "375M" two-node system check', notes='the tutorial calls this 375M (alias gpt3_375m); its numbers (12 × 512, GPT-2 vocab) make ≈ 64M parameters'),
-        _r('gpt3_356m', dict(arch='gpt', n_layers=24, hidden=1024, n_heads=16, vocab_size=_GPT2_VOCAB, seq_len=2048),
-           data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=256), optim=dict(lr=3e-4, min_lr=3e-5, warmup_steps=375),
-           trainer=dict(max_steps=100000), cluster=dict(profile='nd_h100_v5', nodes=2),
-           source='seed 2: the "857M" example', notes='the tutorial calls this 857M (alias gpt3_857m); its numbers (24 × 1024, GPT-2 vocab) make ≈ 356M parameters'),
-        _r('bert_large', dict(arch='bert', n_layers=24, hidden=1024, n_heads=16, vocab_size=_BERT_VOCAB, seq_len=128, max_position=512, norm_eps=1e-12, dropout=0.1),
-           dict(precision='bf16'), dict(corpus='bert_wikicorpus_hdf5_128', tokenizer='bert-large-uncased', micro_batch=16, global_batch=16 * 32 * 512),
-           dict(lr=4e-4, min_lr=0.0, weight_decay=0.01, warmup_steps=2000, decay='linear', betas=[0.9, 0.999], eps=1e-6),
-           dict(max_steps=28125, save_every=1000), dict(profile='trn1.32xlarge', nodes=16),
-           source='seed 3: BERT-large phase 1 on trn1 (DP only)', notes='16 per core × 32 accumulation × 512 cores; LAMB variant: optim.name=lamb optim.lr=6e-3 trainer.max_steps=7032'),
-        _r('bert_large_ph2', dict(arch='bert', n_layers=24, hidden=1024, n_heads=16, vocab_size=_BERT_VOCAB, seq_len=512, max_position=512, norm_eps=1e-12, dropout=0.1),
-           dict(precision='bf16'), dict(corpus='bert_wikicorpus_hdf5_512', tokenizer='bert-large-uncased', micro_batch=2, global_batch=2 * 512 * 512),
-           dict(lr=2.8e-4, min_lr=0.0, weight_decay=0.01, warmup_steps=200, decay='linear', betas=[0.9, 0.999], eps=1e-6),
-           dict(max_steps=1563, save_every=100), dict(profile='trn1.32xlarge', nodes=16),
-           source='seed 3: BERT-large phase 2 (seq 512) on trn1', notes='initialise from the phase-1 checkpoint'),
-        _r('llama3_8b', dict(_LLAMA70, n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336),
-           dict(tp=32, zero1=True, sequence_parallel=True, kv_replicator=4, activation_checkpointing='selective', checkpoint_modules=['attention', 'mlp']),
-           _LLAMA_DATA, dict(_NXDT_OPT, lr=1.5e-4, min_lr=1e-5), _NXDT_TRAIN, dict(profile='trn1.32xlarge', nodes=4),
-           source='NxD Training hf_llama3_8B config'),
-        _r('llama3_70b', _LLAMA70, _LLAMA70_PAR, _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN, dict(profile='trn1.32xlarge', nodes=16),
-           source='seed 4: NxD Training Llama-3 70B on trn1'),
-        _r('llama3_70b_trn2', _LLAMA70, dict(_LLAMA70_PAR, pp=4, pp_cuts=[18, 39, 60]), _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN,
-           dict(profile='trn2.48xlarge', nodes=8), source='seed 4: NxD Training Llama-3 70B on trn2 (LNC 2)'),
-        _r('llama3_70b_cp', _LLAMA70, dict(_LLAMA70_PAR, cp=2), _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN, dict(profile='trn1.32xlarge', nodes=16),
-           source='seed 4: NxD Training Llama-3 70B with context parallel 2 (ring attention)'),
-        _r('llama31_70b', dict(_LLAMA70, rope_scaling=_LLAMA31_SCALING, seq_len=8192), _LLAMA70_PAR, _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN,
-           dict(profile='trn1.32xlarge', nodes=16), source='seed 4: NxD Training Llama-3.1 70B on trn1'),
-    ]}
+    return [
+    _r('gpt3_tiny', dict(arch='gpt', n_layers=4, hidden=128, n_heads=4, vocab_size=DEMO_VOCAB, seq_len=128), _CPU_PAR,
+       data=dict(micro_batch=8, global_batch=8), optim=dict(lr=3e-3, min_lr=3e-4, warmup_steps=20, weight_decay=0.1),
+       trainer=dict(max_steps=300, log_every=10, eval_every=100, save_every=100, threads=2), cluster=cpu,
+       source='nxpretrain: CPU demo', notes='trains on the embedded demo corpus in minutes on 2 cores'),
+    _r('llama3_tiny', dict(arch='llama', n_layers=4, hidden=128, n_heads=8, n_kv_heads=2, ffn_hidden=352, vocab_size=DEMO_VOCAB,
+                           seq_len=128, rope_theta=500000.0, tie_embeddings=False), _CPU_PAR,
+       data=dict(micro_batch=8, global_batch=8), optim=dict(lr=3e-3, min_lr=3e-4, warmup_steps=20),
+       trainer=dict(max_steps=300, log_every=10, eval_every=100, save_every=100, threads=2), cluster=cpu,
+       source='nxpretrain: CPU demo', notes='Llama-3 architecture (GQA, RoPE θ 5e5, SwiGLU) at demo size'),
+    # the demo BPE has no [CLS] [SEP] [MASK] [PAD]: they take the 4 ids after it
+    _r('bert_tiny', dict(arch='bert', n_layers=2, hidden=128, n_heads=4, vocab_size=DEMO_VOCAB + 4, seq_len=128, max_position=512), _CPU_PAR,
+       data=dict(micro_batch=8, global_batch=8, split='95,5,0'),
+       optim=dict(name='lamb', lr=5e-3, min_lr=5e-4, warmup_steps=20, weight_decay=0.01, betas=[0.9, 0.999], eps=1e-6),
+       trainer=dict(max_steps=200, log_every=10, eval_every=100, eval_steps=4, save_every=100, threads=2), cluster=cpu,
+       source='nxpretrain: CPU demo', notes='MLM + NSP with LAMB, as seed 3 trains BERT-large'),
+    ]
+
+def _gpt3_recipes() -> list:
+    "GPT-3 at the seeds' sizes: trn1 (seed 0), Megatron on H100 (seed 2), NeMo on p4de (seed 1)."
+    return [
+    _gpt3_trn1('gpt3_23b', 28, 8192, 64, 8, 4, 4, dict(activation_checkpointing='selective', checkpoint_modules=['attention'])),
+    _gpt3_trn1('gpt3_46b', 56, 8192, 64, 8, 8, 8, dict(activation_checkpointing='full')),
+    _gpt3_trn1('gpt3_175b', 96, 12288, 96, 32, 8, 8, dict(activation_checkpointing='full'), gbs=256,
+               notes='the tutorial says GBS 32×nodes (256 on 8 nodes), its script 8×nodes (64); lr 5e-5 as in the script'),
+    _r('gpt3_175b_gpu', dict(arch='gpt', n_layers=96, hidden=12288, n_heads=96, vocab_size=_GPT2_VOCAB, seq_len=2048, init_std=0.006),
+       dict(tp=8, pp=16, sequence_parallel=True, zero1=True), dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=512),
+       dict(lr=6e-5, min_lr=6e-6, weight_decay=0.1, warmup_steps=2000, clip_grad=1.0),
+       dict(max_steps=250000, save_every=10000, eval_every=1000, eval_steps=10, log_every=1),
+       dict(profile='nd_h100_v5', nodes=16, storage_gbps=19.2),
+       source='seed 2: Megatron-LM GPT-3 175B on Azure ND H100 v5 (SlimPajama)', notes='GBS ≈ 16×GPUs; checkpoint ≈ 2.3 TiB'),
+    _gpt3_p4de('gpt3_175b_p4de', dict(n_layers=96, hidden=12288, n_heads=96, init_std=0.006),
+               dict(tp=4, pp=8, virtual_pp=12, pp_schedule='interleaved', sequence_parallel=True, zero1=True,
+                    activation_checkpointing='selective', checkpoint_modules=['attention']),
+               1, 2048, dict(lr=0.9e-4, min_lr=0.9e-5, warmup_steps=115, decay_steps=75000 - 12500), 75000, 20, 16,
+               notes="NeMo's gpt3/175b.yaml (TP 4, PP 8, VPP 12, GBS 2048) on the seed's 16 nodes instead of NeMo's 128: "
+                     "DP 4, so each step accumulates 512 micro-batches"),
+    _gpt3_p4de('gpt3_126m_p4de', dict(n_layers=12, hidden=768, n_heads=12, init_std=0.023), {},
+               4, 256, dict(lr=6e-4, min_lr=6e-5, warmup_steps=636, decay_steps=600000 - 100000), 600000, 50, 8,
+               notes="the seed's smaller submit example (submit-gpt3-04b8…) names no hyperparameters; this is NeMo's "
+                     "gpt3/126m.yaml on its 8 nodes, the smallest GPT-3 NeMo configures"),
+    _r('gpt3_125m', dict(arch='gpt', n_layers=12, hidden=768, n_heads=12, vocab_size=_GPT2_VOCAB, seq_len=2048),
+       data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=8, global_batch=256), optim=dict(lr=6e-4, min_lr=6e-5, warmup_steps=375),
+       trainer=dict(max_steps=100000), cluster=dict(profile='p5.48xlarge', nodes=1), source='GPT-3 paper table 2.1 (Small)'),
+    _r('gpt3_64m', dict(arch='gpt', n_layers=12, hidden=512, n_heads=8, vocab_size=_GPT2_VOCAB, seq_len=1024),
+       data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=32), optim=dict(lr=6e-5, min_lr=6e-6, warmup_steps=100),
+       trainer=dict(max_steps=1000, save_every=1000, eval_every=1000), cluster=dict(profile='nd_h100_v5', nodes=2),
+       source='seed 2: the "375M" two-node system check', notes='the tutorial calls this 375M (alias gpt3_375m); its numbers (12 × 512, GPT-2 vocab) make ≈ 64M parameters'),
+    _r('gpt3_356m', dict(arch='gpt', n_layers=24, hidden=1024, n_heads=16, vocab_size=_GPT2_VOCAB, seq_len=2048),
+       data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=256), optim=dict(lr=3e-4, min_lr=3e-5, warmup_steps=375),
+       trainer=dict(max_steps=100000), cluster=dict(profile='nd_h100_v5', nodes=2),
+       source='seed 2: the "857M" example', notes='the tutorial calls this 857M (alias gpt3_857m); its numbers (24 × 1024, GPT-2 vocab) make ≈ 356M parameters'),
+    ]
+
+def _bert_recipes() -> list:
+    "BERT-large phases 1 and 2 on trn1 (seed 3)."
+    return [
+    _r('bert_large', dict(arch='bert', n_layers=24, hidden=1024, n_heads=16, vocab_size=_BERT_VOCAB, seq_len=128, max_position=512, norm_eps=1e-12, dropout=0.1),
+       dict(precision='bf16'), dict(corpus='bert_wikicorpus_hdf5_128', tokenizer='bert-large-uncased', micro_batch=16, global_batch=16 * 32 * 512),
+       dict(lr=4e-4, min_lr=0.0, weight_decay=0.01, warmup_steps=2000, decay='linear', betas=[0.9, 0.999], eps=1e-6),
+       dict(max_steps=28125, save_every=1000), dict(profile='trn1.32xlarge', nodes=16),
+       source='seed 3: BERT-large phase 1 on trn1 (DP only)', notes='16 per core × 32 accumulation × 512 cores; LAMB variant: optim.name=lamb optim.lr=6e-3 trainer.max_steps=7032'),
+    _r('bert_large_ph2', dict(arch='bert', n_layers=24, hidden=1024, n_heads=16, vocab_size=_BERT_VOCAB, seq_len=512, max_position=512, norm_eps=1e-12, dropout=0.1),
+       dict(precision='bf16'), dict(corpus='bert_wikicorpus_hdf5_512', tokenizer='bert-large-uncased', micro_batch=2, global_batch=2 * 512 * 512),
+       dict(lr=2.8e-4, min_lr=0.0, weight_decay=0.01, warmup_steps=200, decay='linear', betas=[0.9, 0.999], eps=1e-6),
+       dict(max_steps=1563, save_every=100), dict(profile='trn1.32xlarge', nodes=16),
+       source='seed 3: BERT-large phase 2 (seq 512) on trn1', notes='initialise from the phase-1 checkpoint'),
+    ]
+
+def _llama_recipes() -> list:
+    "Llama-3/3.1 8B and 70B on trn1 and trn2 (seed 4)."
+    return [
+    _r('llama3_8b', dict(_LLAMA70, n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336),
+       dict(tp=32, zero1=True, sequence_parallel=True, kv_replicator=4, activation_checkpointing='selective', checkpoint_modules=['attention', 'mlp']),
+       _LLAMA_DATA, dict(_NXDT_OPT, lr=1.5e-4, min_lr=1e-5), _NXDT_TRAIN, dict(profile='trn1.32xlarge', nodes=4),
+       source='NxD Training hf_llama3_8B config'),
+    _r('llama3_70b', _LLAMA70, _LLAMA70_PAR, _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN, dict(profile='trn1.32xlarge', nodes=16),
+       source='seed 4: NxD Training Llama-3 70B on trn1'),
+    _r('llama3_70b_trn2', _LLAMA70, dict(_LLAMA70_PAR, pp=4, pp_cuts=[18, 39, 60]), _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN,
+       dict(profile='trn2.48xlarge', nodes=8), source='seed 4: NxD Training Llama-3 70B on trn2 (LNC 2)'),
+    _r('llama3_70b_cp', _LLAMA70, dict(_LLAMA70_PAR, cp=2), _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN, dict(profile='trn1.32xlarge', nodes=16),
+       source='seed 4: NxD Training Llama-3 70B with context parallel 2 (ring attention)'),
+    _r('llama31_70b', dict(_LLAMA70, rope_scaling=_LLAMA31_SCALING, seq_len=8192), _LLAMA70_PAR, _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN,
+       dict(profile='trn1.32xlarge', nodes=16), source='seed 4: NxD Training Llama-3.1 70B on trn1'),
+    ]
+
+def _catalog() -> dict:
+    return {r.name: r for r in _cpu_recipes() + _gpt3_recipes() + _bert_recipes() + _llama_recipes()}
 
 # %% ../nbs/api/00_recipes.ipynb #6f649d02
 CATALOG: dict[str, Recipe] = _catalog()

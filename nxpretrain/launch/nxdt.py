@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 from ..recipes import Recipe, RecipeError, get_recipe, validate
 from ..clusters import profile
+from ..families import family
 from .job import Job, sbatch_header, export_lines, plain_value, job_name, resolve_cluster
 
 # %% auto #0
@@ -20,7 +21,7 @@ _ACT = {'none': None, 'full': 'full', 'selective': 'selective'}
 def nxdt_config(recipe: Recipe, devices: int, nodes: int, out_dir: str = 'runs', train_dir: str = '') -> dict:
     "The NxD Training config of `recipe` for `nodes` × `devices` NeuronCores."
     m, p, d, o, t = recipe.model, recipe.parallel, recipe.data, recipe.optim, recipe.trainer
-    hf = m.arch == 'llama'
+    hf = family(m.arch).nxdt_source == 'hf'   # NxD Training builds Llama from HF's LlamaConfig, GPT from Megatron's
     model = {'num_layers': m.n_layers, 'hidden_size': m.hidden, 'num_attention_heads': m.n_heads, 'num_kv_heads': m.kv_heads,
              'intermediate_size': m.ffn, 'max_position_embeddings': m.positions, 'vocab_size': m.vocab_size,
              'rope_theta': m.rope_theta, 'init_method_std': m.init_std, 'hidden_dropout': m.dropout, 'attention_dropout': m.dropout,
