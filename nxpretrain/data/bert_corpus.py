@@ -130,7 +130,7 @@ def write_shard(path, rows: list[dict], seq_len: int, max_predictions: int) -> P
     with h5py.File(tmp, 'w') as f:
         for key, (dtype, shape) in SEED3_LAYOUT.items():
             data = np.asarray([r[key] for r in rows], dtype).reshape(len(rows), *shape(seq_len, max_predictions))
-            f.create_dataset(key, data=data, dtype=dtype, compression='gzip')
+            f.create_dataset(key, data=data, dtype=dtype, compression='gzip', fletcher32=True)   # a flipped bit fails the read
     tmp.replace(path)
     return path
 

@@ -11,7 +11,7 @@ import numpy as np
 from tqdm.auto import tqdm
 from ..errors import DataError
 from .corpus import LineStats, iter_jsonl, line_ranges, demo_documents, write_jsonl, extract_zst
-from .indexed import IndexedWriter, IndexedDataset, merge_datasets, token_dtype, check_tokens
+from .indexed import IndexedWriter, IndexedDataset, merge_datasets, token_dtype, check_tokens, SIDECAR
 from .tokenizers import get_tokenizer, demo_tokenizer
 from .cuts import encode_whole
 
@@ -115,13 +115,19 @@ def tokenize_files(inputs: list, # .jsonl / .jsonl.zst files, in output order
                     bar.n = counter.value; bar.refresh()
     except BaseException:
         for t in tasks:
-            for s in ('.bin', '.idx', '.bin.part', '.idx.part', '.bad.txt'): Path(t.out_prefix + s).unlink(missing_ok=True)
+            for s in ('.bin', '.idx', '.bin.part', '.idx.part', '.bad.txt', SIDECAR): Path(t.out_prefix + s).unlink(missing_ok=True)
         raise
     finally: bar.close()
-    merge_datasets([t.out_prefix for t in tasks], out_prefix, remove=True)
     stats = {k: sum(r[k] for r in results) for k in ('documents', 'bad', 'blank', 'empty', 'chars', 'bytes', 'tokens')}
     stats['examples'] = [e for r in results for e in r['examples']][:5]
     stats['bad_report'] = _merge_reports([t.out_prefix + '.bad.txt' for t in tasks], out_prefix + '.bad.txt', stats['bad'])
+    if not stats['tokens']:   # an empty .bin is no dataset: megatron-core cannot even map it
+        for t in tasks:
+            for s in ('.bin', '.idx', SIDECAR): Path(t.out_prefix + s).unlink(missing_ok=True)
+        where = f"; the bad lines are listed in {stats['bad_report']}" if stats['bad'] else ''
+        raise DataError(f"{', '.join(map(str, inputs))}: no document has tokens ({stats['documents']} documents, {stats['bad']} bad lines, "
+                        f"{stats['blank']} blank lines){where}; check the input and its text key (now {key!r})")
+    merge_datasets([t.out_prefix for t in tasks], out_prefix, remove=True)
     stats['seconds'] = time.time() - t0
     return stats
 

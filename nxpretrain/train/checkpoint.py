@@ -140,8 +140,10 @@ def set_rng_state(states: dict):
 # %% ../../nbs/api/41_checkpoint.ipynb #eb7da0a1
 class Checkpointer:
     "Save and load sharded checkpoints under `root` (`step_<N>` folders), atomically."
-    def __init__(self, root, keep_last: int = 2, async_save: bool = False, log=print, timeout_s: float = 1800):
+    def __init__(self, root, keep_last: int = 2, async_save: bool = False, log=print, timeout_s: float = 1800,
+                 on_complete=None):  # called with the folder on rank 0 once its COMPLETE marker is written (a mirror)
         self.root, self.keep_last, self.async_save, self.log, self.timeout_s = Path(root), keep_last, async_save, log, timeout_s
+        self.on_complete = on_complete
         self._thread, self._error, self.last_saved, self.blocked_s, self._staged, self._staged_event = None, None, None, [], None, None
         self._pruning = None        # deleting old checkpoints runs beside training: the next save or `wait` joins it
         # async DCP collectives run beside training's: give them their own gloo group
@@ -285,6 +287,7 @@ def save(self: Checkpointer, step: int, state: dict, trainer_state: dict, planne
         _report_rank_files(d, r, writer.files)
         if r == 0:
             _finish(d, n, self.timeout_s)
+            if self.on_complete is not None: self.on_complete(d)   # before pruning: the folder stays while it is read
             self._pruning = threading.Thread(target=_prune, args=(self.root, self.keep_last, self.log), name='checkpoint-prune', daemon=True)
             self._pruning.start()
     if self.async_save:

@@ -199,7 +199,8 @@ def _start(recipe: Recipe, run_dir: Path, st, log, resume_from, weights_only, as
     model = build_parallel_model(recipe, st, seed=tr.seed)
     optimizer = _optimizer(model, recipe)
     torch.manual_seed(tr.seed + 1 + rank())  # each rank its own dropout stream; a resume restores it from the checkpoint
-    ck = Checkpointer(run_dir / 'checkpoints', tr.keep_last, async_save, log=log)
+    from nxpretrain.train.mirror import mirror_for
+    ck = Checkpointer(run_dir / 'checkpoints', tr.keep_last, async_save, log=log, on_complete=mirror_for(recipe, log))
     resumed = None
     if weights_only:
         if not resume_from: raise RecipeError("weights_only=True needs resume_from=<checkpoint folder>")
