@@ -5,6 +5,7 @@
 # %% ../nbs/api/00_recipes.ipynb #e1493b01
 from __future__ import annotations
 import dataclasses, typing, math, copy, re
+from typing import Literal
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
@@ -13,15 +14,15 @@ from .clusters import profile
 from .families import family
 
 # %% auto #0
-__all__ = ['DEMO_VOCAB', 'CATALOG', 'ALIASES', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig', 'TrainerConfig',
-           'ClusterConfig', 'Recipe', 'field_keys', 'nearest_field', 'from_dict', 'to_dict', 'to_yaml', 'from_yaml',
-           'override', 'recipe_value', 'padded_vocab', 'world_size', 'data_parallel_size', 'problems', 'validate',
-           'resolve_name', 'get_recipe']
+__all__ = ['RecomputeKind', 'DEMO_VOCAB', 'CATALOG', 'ALIASES', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig',
+           'TrainerConfig', 'ClusterConfig', 'Recipe', 'field_keys', 'nearest_field', 'from_dict', 'to_dict', 'to_yaml',
+           'from_yaml', 'override', 'recipe_value', 'padded_vocab', 'world_size', 'data_parallel_size', 'choice_fields',
+           'problems', 'validate', 'resolve_name', 'get_recipe']
 
 # %% ../nbs/api/00_recipes.ipynb #6f92bc64
 @dataclass
 class ModelConfig:
-    arch: str = 'gpt'                  # gpt | llama | bert
+    arch: str = 'gpt'                  # a model family: gpt | llama | bert, or a registered one
     n_layers: int = 2
     hidden: int = 64
     n_heads: int = 4
@@ -49,6 +50,8 @@ class ModelConfig:
     def positions(self): return self.max_position or self.seq_len
 
 # %% ../nbs/api/00_recipes.ipynb #8f95c11d
+RecomputeKind = Literal['block', 'attention', 'mlp', 'core', 'attention_norm', 'ffn_norm']   # what selective recompute can name
+
 @dataclass
 class ParallelConfig:
     tp: int = 1                          # tensor parallel
@@ -59,12 +62,12 @@ class ParallelConfig:
     zero1: bool = False                  # shard optimizer state over DP
     fsdp: bool = False                   # FSDP2: shard parameters, grads and optimizer state over DP
     virtual_pp: int = 1                  # interleaved pipeline chunks per rank
-    pp_schedule: str = '1f1b'            # 1f1b | interleaved | gpipe
+    pp_schedule: Literal['1f1b', 'interleaved', 'gpipe'] = '1f1b'
     pp_cuts: list | None = None          # manual cuts: first layer of each stage after the first
     kv_replicator: int = 1               # replicate K/V heads when TP > kv heads (NxD kv_size_multiplier)
-    activation_checkpointing: str = 'none'  # none | full | selective
-    checkpoint_modules: list = field(default_factory=list)  # for selective: module kinds, e.g. [attention, mlp]
-    precision: str = 'bf16'              # bf16 (mixed, fp32 master weights) | fp32
+    activation_checkpointing: Literal['none', 'full', 'selective'] = 'none'
+    checkpoint_modules: list[RecomputeKind] = field(default_factory=list)  # for selective, e.g. [attention, mlp]
+    precision: Literal['bf16', 'fp32'] = 'bf16'   # bf16: mixed, fp32 master weights
 
 # %% ../nbs/api/00_recipes.ipynb #85b5558b
 @dataclass
@@ -80,14 +83,14 @@ class DataConfig:
 # %% ../nbs/api/00_recipes.ipynb #878837a4
 @dataclass
 class OptimConfig:
-    name: str = 'adamw'                  # adamw | lamb
+    name: Literal['adamw', 'lamb'] = 'adamw'
     lr: float = 3e-4
     min_lr: float = 3e-5
     weight_decay: float = 0.1
     betas: list = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     warmup_steps: int = 10
-    decay: str = 'cosine'                # cosine | linear | constant
+    decay: Literal['cosine', 'linear', 'constant'] = 'cosine'
     decay_steps: int | None = None       # None = trainer.max_steps
     clip_grad: float = 1.0
 
@@ -103,7 +106,7 @@ class TrainerConfig:
     keep_last: int = 2
     seed: int = 1234
     out_dir: str = 'runs'
-    device: str = 'auto'                 # auto | cpu | cuda | neuron
+    device: Literal['auto', 'cpu', 'cuda', 'neuron'] = 'auto'
     threads: int = 0                     # CPU threads per process; 0 = torch default
     resume: bool = True                  # auto-resume from the newest complete checkpoint
     upload_to: str = ''                  # s3://bucket/prefix: copy each complete checkpoint there (nxpretrain.train.mirror)
@@ -140,11 +143,16 @@ def _coerce(value, tp, where):
         if value is None and type(None) in args: return None
         tp = next(a for a in args if a is not type(None)); origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp): return from_dict(tp, value, where)
+    if origin is typing.Literal:
+        if value in args: return value
+        raise RecipeError(f"{where}={value!r}: choose one of {', '.join(map(str, args))}")
     base = origin or tp
     if base is float and isinstance(value, int) and not isinstance(value, bool): return float(value)
     if base is float and isinstance(value, str):
         try: return float(value)
         except ValueError: pass
+    if base is list and isinstance(value, list) and args:
+        return [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
     if base in (list, dict) and isinstance(value, base): return copy.deepcopy(value)
     if base in (int, float, str, bool) and type(value) is base: return value
     raise RecipeError(f"{where}: expected {getattr(base, '__name__', base)}, got {value!r}; fix the value")
@@ -245,15 +253,19 @@ def data_parallel_size(recipe: Recipe, world: int | None = None) -> int:
     return world // (p.tp * p.pp * p.cp) if world % (p.tp * p.pp * p.cp) == 0 else 0
 
 # %% ../nbs/api/00_recipes.ipynb #64d620bc
-_CHOICES = {'parallel.activation_checkpointing': ('none', 'full', 'selective'),
-            'parallel.precision': ('bf16', 'fp32'), 'parallel.pp_schedule': ('1f1b', 'interleaved', 'gpipe'),
-            'optim.name': ('adamw', 'lamb'), 'optim.decay': ('cosine', 'linear', 'constant'),
-            'trainer.device': ('auto', 'cpu', 'cuda', 'neuron')}
+def choice_fields(cls=None, prefix: str = '') -> dict:
+    "{dotted key: allowed values} of every `Literal`-typed field of a recipe: the choices live in the types."
+    out = {}
+    for f in dataclasses.fields(cls or Recipe):
+        tp = _field_types(cls or Recipe)[f.name]
+        if dataclasses.is_dataclass(tp): out.update(choice_fields(tp, f'{prefix}{f.name}.'))
+        elif typing.get_origin(tp) is typing.Literal: out[prefix + f.name] = typing.get_args(tp)
+    return out
 
 def problems(recipe: Recipe, world: int | None = None) -> list[str]:
     "Every inconsistency of `recipe` for `world` devices, one line each: the field, what is wrong, the fix."
     m, p, d, out = recipe.model, recipe.parallel, recipe.data, []
-    for key, allowed in _CHOICES.items():
+    for key, allowed in choice_fields().items():
         if recipe_value(recipe, key) not in allowed: out.append(f"{key}={recipe_value(recipe, key)!r}: choose one of {', '.join(allowed)}")
     for key in ('parallel.tp', 'parallel.pp', 'parallel.cp', 'parallel.virtual_pp', 'data.micro_batch', 'data.global_batch',
                 'model.n_layers', 'model.hidden', 'model.n_heads', 'model.seq_len', 'trainer.max_steps'):
