@@ -97,6 +97,19 @@ def test_seed4_flow_from_the_local_hub(tmp_path, hub, token, monkeypatch, capfd)
     assert leaked == [], leaked
 
 
+def test_command_line(tmp_path, hub, token):
+    "`python -m nxpretrain.data.hub`: HF_ENDPOINT and HF_TOKEN from the environment; without a token one line and exit 2."
+    import subprocess, sys
+    env = {**os.environ, 'HF_ENDPOINT': hub.url, 'HF_TOKEN': token, 'PYTHONPATH': str(ROOT)}
+    run = lambda env, root: subprocess.run([sys.executable, '-m', 'nxpretrain.data.hub', 'tokenizer', MODEL, '--root', str(root)],
+                                           capture_output=True, text=True, timeout=120, env=env)
+    ok = run(env, tmp_path / 'a')
+    assert ok.returncode == 0 and ok.stdout.strip().endswith('tokenizer.json'), ok.stderr
+    assert token not in ok.stdout + ok.stderr
+    no = run({k: v for k, v in env.items() if k != 'HF_TOKEN'} | {'HF_HUB_DISABLE_IMPLICIT_TOKEN': '1', 'HF_HOME': str(tmp_path / 'home')}, tmp_path / 'b')
+    assert no.returncode == 2 and no.stderr.count('\n') == 1 and 'no Hugging Face token was sent' in no.stderr, no.stderr
+
+
 def test_token_not_in_an_executed_notebook(tmp_path, token, monkeypatch):
     "The Hub notebook runs with a real token in HF_TOKEN; its saved outputs do not contain it."
     from fastcore.nbio import read_nb, write_nb
@@ -104,6 +117,7 @@ def test_token_not_in_an_executed_notebook(tmp_path, token, monkeypatch):
     monkeypatch.setenv('HF_TOKEN', token)
     monkeypatch.chdir(tmp_path)
     nb = read_nb(ROOT / 'nbs' / 'api' / '18_hub.ipynb')
+    nb.cells = [c for c in nb.cells if '#| eval: false' not in c.source]    # as nbdev runs it: not the command-line entry
     CaptureShell().run_all(nb, exc_stop=True)
     write_nb(nb, tmp_path / 'executed.ipynb')
     text = (tmp_path / 'executed.ipynb').read_text()

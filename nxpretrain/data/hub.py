@@ -6,11 +6,12 @@
 from __future__ import annotations
 import os
 from pathlib import Path
-from .corpus import DataError, write_jsonl
+from ..errors import DataError
+from .corpus import write_jsonl
 
 # %% auto #0
 __all__ = ['TOKENIZER_FILES', 'WEIGHT_FILES', 'hub_endpoint', 'explain', 'download_repo', 'download_tokenizer',
-           'download_weights', 'download_dataset']
+           'download_weights', 'download_dataset', 'main']
 
 # %% ../../nbs/api/18_hub.ipynb #3278f62f
 def hub_endpoint(endpoint: str | None = None) -> str:
@@ -96,3 +97,25 @@ def download_dataset(repo_id: str, out_jsonl, split: str = 'train', key: str = '
     ds = datasets.load_dataset(_FORMATS[files[0].suffix], data_files=[str(p) for p in files], split='train')
     if key not in ds.column_names: raise DataError(f"dataset {repo_id}: no column {key!r}; columns: {', '.join(ds.column_names)}")
     return write_jsonl((r[key] for r in ds), out_jsonl, key)
+
+# %% ../../nbs/api/18_hub.ipynb #74b6ea58
+def main(argv=None) -> int:
+    "Command line: download a tokenizer, weights or a dataset."
+    import argparse, sys
+    ap = argparse.ArgumentParser(prog='python -m nxpretrain.data.hub', description='Hugging Face Hub downloads (HF_ENDPOINT, HF_TOKEN)')
+    ap.add_argument('what', choices=('tokenizer', 'weights', 'dataset')); ap.add_argument('repo_id')
+    ap.add_argument('--root', default='runs/data/hub'); ap.add_argument('--revision', default='main')
+    ap.add_argument('--out', default=None, help='dataset: the JSONL to write'); ap.add_argument('--split', default='train')
+    ap.add_argument('--key', default='text'); ap.add_argument('--no-progress', action='store_true')
+    a = ap.parse_args(argv)
+    kw = dict(root=a.root, revision=a.revision, progress=not a.no_progress)
+    try:
+        if a.what == 'tokenizer': print(download_tokenizer(a.repo_id, **kw))
+        elif a.what == 'weights': print(download_weights(a.repo_id, **kw))
+        else: print(download_dataset(a.repo_id, a.out or f"{a.repo_id.replace('/', '_')}.jsonl", a.split, a.key, **kw))
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr); return 2
+    return 0
+
+# %% ../../nbs/api/18_hub.ipynb #da60b739
+if __name__ == '__main__': raise SystemExit(main())

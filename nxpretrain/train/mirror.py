@@ -29,7 +29,7 @@ class S3Mirror:
     def __call__(self, folder) -> str | None:
         "Upload checkpoint `folder` if it is complete; returns its S3 address (None when refused or failed)."
         from nxpretrain.data.s3 import upload_dir
-        from nxpretrain.data.corpus import DataError
+        from nxpretrain.errors import DataError
         folder = Path(folder)
         try: verify_checkpoint(folder, deep=False)
         except CheckpointError as e:

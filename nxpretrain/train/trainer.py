@@ -60,7 +60,9 @@ def _bert_datasets(recipe: Recipe, data_root: str):
     from nxpretrain.data.prepare import ensure_dataset
     from nxpretrain.data.tokenizers import get_tokenizer
     d, m = recipe.data, recipe.model
-    if bert_hdf5_shards(d.corpus): return build_bert_datasets(d.corpus, m.seq_len, d.split, recipe.trainer.seed)
+    from nxpretrain.data.archive import BERT_HDF5_TARS, bert_hdf5_folder
+    corpus = str(bert_hdf5_folder(d.corpus, data_root)) if d.corpus in BERT_HDF5_TARS else d.corpus   # the seed's data by name
+    if bert_hdf5_shards(corpus): return build_bert_datasets(corpus, m.seq_len, d.split, recipe.trainer.seed)
     special = bert_special_ids(get_tokenizer(d.tokenizer, data_root), m.vocab_size)   # before the corpus is tokenised
     prefix = ensure_dataset(d, root=data_root, vocab_size=m.vocab_size)
     return build_bert_datasets(prefix, m.seq_len, d.split, recipe.trainer.seed, special, m.vocab_size)
