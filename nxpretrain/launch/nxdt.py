@@ -11,6 +11,7 @@ import yaml
 from ..recipes import Recipe, RecipeError, ModelConfig, get_recipe, validate
 from .nxdt_contract import EXAMPLES, example_name, flat
 from ..clusters import profile
+from ..families import family
 from .job import Job, export_lines, plain_value, job_name, resolve_cluster
 from .slurm import sbatch_header
 
@@ -82,7 +83,7 @@ def nxdt_config(recipe: Recipe, devices: int, nodes: int, out_dir='runs', train_
     "The NxD Training config of `recipe` for `nodes` × `devices` NeuronCores, on the keys of NxDT's example for the model."
     m, p, d, o, t = recipe.model, recipe.parallel, recipe.data, recipe.optim, recipe.trainer
     if m.arch not in ('gpt', 'llama'): raise RecipeError(f"model.arch={m.arch!r}: NxD Training has GPT (megatron) and Llama (hf) models only")
-    hf = m.arch == 'llama'
+    hf = family(m.arch).nxdt_source == 'hf'   # NxD Training builds Llama from HF's LlamaConfig, GPT from Megatron's
     source = 'hf' if hf else 'megatron'
     c = dict(EXAMPLES[example_name(recipe)])
     log_dir = Path(out_dir) / recipe.name
@@ -223,7 +224,7 @@ def export_nxdt(recipe: Recipe | str, out_dir, cluster=None, overrides=(), cache
     model_json = out / 'conf' / 'config.json'
     cfg = nxdt_config(r, prof.devices_per_node, r.cluster.nodes, out / 'exp', train_dir, data_root, init_from, str(model_json))
     cfg['compiler_cache_url'] = cache_url
-    if r.model.arch == 'llama':
+    if family(r.model.arch).nxdt_source == 'hf':
         model_json.write_text(json.dumps(llama_config_json(r.model), indent=2))
         needs = {cfg['data']['train_dir']: f"python -m nxpretrain.data.arrow {corpus_prefix(r, data_root)} {r.model.seq_len}"}
     else:
