@@ -152,3 +152,20 @@ def test_command_line_like_the_seeds(tmp_path, endpoint, blob):
     assert f"{len(blob)}  s3://public-data/cli/blob.bin" in run('ls', 's3://public-data/cli/', '--no-sign-request').stdout
     bad = run('cp', 's3://no-such-bucket/x.tar', str(tmp_path / 'dl'), '--no-sign-request')
     assert bad.returncode == 2 and bad.stderr.strip().count('\n') == 0 and 'no such bucket' in bad.stderr
+
+
+def test_sync_checks_a_sha256_manifest_and_fetch_file_takes_s3(tmp_path, endpoint, monkeypatch):
+    from nxpretrain.data.download import fetch_file
+    c = s3.s3_client(endpoint_url=endpoint)
+    files = {'a.bin': os.urandom(5000), 'b.bin': os.urandom(7000)}
+    for name, b in files.items(): c.put_object(Bucket='public-data', Key=f'manifest/{name}', Body=b)
+    good = {n: hashlib.sha256(b).hexdigest() for n, b in files.items()}
+    got = s3.sync('s3://public-data/manifest/', tmp_path / 'ok', anonymous=True, endpoint_url=endpoint, sha256=good, use_s5cmd=False, progress=False)
+    assert {p.name: p.read_bytes() for p in got} == files
+    with pytest.raises(DataError) as e:
+        s3.sync('s3://public-data/manifest/', tmp_path / 'bad', anonymous=True, endpoint_url=endpoint, sha256={**good, 'b.bin': 'ab' * 32},
+                use_s5cmd=False, progress=False)
+    assert str(e.value).startswith('s3://public-data/manifest/b.bin: SHA-256') and '\n' not in str(e.value)
+    monkeypatch.setenv('AWS_ENDPOINT_URL', endpoint)                 # fetch_file's s3:// addresses: anonymous, like the seeds
+    p = fetch_file('s3://public-data/manifest/a.bin', tmp_path / 'f' / 'a.bin', sha256=good['a.bin'], progress=False)
+    assert p.read_bytes() == files['a.bin']
