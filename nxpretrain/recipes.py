@@ -141,7 +141,8 @@ def _coerce(value, tp, where):
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, getattr(__import__('types'), 'UnionType', None)):
         if value is None and type(None) in args: return None
-        tp = next(a for a in args if a is not type(None)); origin = typing.get_origin(tp)
+        tp = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
     if dataclasses.is_dataclass(tp): return from_dict(tp, value, where)
     if origin is typing.Literal:
         if value in args: return value
