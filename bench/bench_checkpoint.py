@@ -41,14 +41,14 @@ def busy(seconds: float):
 def make_state(mb: int):
     "A model + AdamW state (after one step) of about `mb` MiB in total, as the trainer checkpoints it."
     import torch
-    from nxpretrain.train.trainer import _app_state
+    from nxpretrain.train.checkpoint import TrainingStateDict
     n = mb * 2**20 // 4 // 3                       # fp32 weights, exp_avg, exp_avg_sq
     rows = 1024
     model = torch.nn.Sequential(*[torch.nn.Linear(rows, rows, bias=False) for _ in range(max(1, n // rows // rows))])
     opt = torch.optim.AdamW(model.parameters())
     for p in model.parameters(): p.grad = torch.randn_like(p)
     opt.step()
-    return model, opt, _app_state(model, opt)
+    return model, opt, TrainingStateDict(model, opt).state_dict()
 
 
 def state_bytes(state) -> int:

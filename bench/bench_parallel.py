@@ -23,12 +23,13 @@ def train(args, layout):
     "Runs on every rank: `args.steps` timed optimizer steps after 2 warm-up steps; returns tokens/s (global)."
     from nxpretrain.models import build_model, count_parameters
     from nxpretrain.parallel.state import initialize_model_parallel
-    from nxpretrain.parallel.engine import parallelize, dp_shard
+    from nxpretrain.recipes import padded_vocab
+    from nxpretrain.parallel.engine import build_parallel_model
+    from nxpretrain.parallel.data import dp_shard
     r = recipe(args, layout)
     st = initialize_model_parallel(r.parallel.tp, r.parallel.pp, r.parallel.cp, 'cpu')
-    torch.manual_seed(0)
-    model = build_model(r.model); n_params = count_parameters(model)
-    pm = parallelize(model, r, st); opt = pm.build_optimizer()
+    with torch.device('meta'): n_params = count_parameters(build_model(r.model, padded_vocab(r.model, r.parallel.tp)))
+    pm = build_parallel_model(r, st, seed=0); opt = pm.build_optimizer()
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, r.model.vocab_size, (r.data.global_batch, r.model.seq_len + 1), generator=g)
     x, y = dp_shard(tokens[:, :-1], st), dp_shard(tokens[:, 1:], st)

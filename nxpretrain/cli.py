@@ -5,7 +5,7 @@
 # %% ../nbs/api/08_cli.ipynb #ce776fd2
 from __future__ import annotations
 import argparse, json, sys
-from .errors import EXIT_BAD_INPUT, NxpError, RecipeError, SlurmError
+from .errors import EXIT_BAD_INPUT, NxpError, RecipeError
 
 # %% auto #0
 __all__ = ['EXAMPLES', 'parse_args', 'main']
@@ -13,7 +13,7 @@ __all__ = ['EXAMPLES', 'parse_args', 'main']
 # %% ../nbs/api/08_cli.ipynb #9830bc2f
 EXAMPLES = {
     'recipes': ['nxpretrain recipes', 'nxpretrain recipes --json'],
-    'show': ['nxpretrain show gpt3_23b optim.lr=1e-4', 'nxpretrain show --json gpt3_tiny cluster.profile=cpu parallel.tp=2'],
+    'show': ['nxpretrain show gpt3_23b optim.lr=1e-4', 'nxpretrain show --json gpt3_tiny parallel.tp=2'],
     'plan': ['nxpretrain plan llama3_70b parallel.pp=4', 'nxpretrain plan --world 256 gpt3_23b --json'],
     'train': ['nxpretrain train gpt3_tiny --max-steps 50',
               'nxpretrain train gpt3_tiny cluster.profile=cpu parallel.tp=2 --max-steps 20',
@@ -30,7 +30,7 @@ EXAMPLES = {
                  'nxpretrain evaluate --json runs/gpt3_tiny/checkpoints/step_50 --steps 2'],
     'export-hf': ['nxpretrain export-hf runs/gpt3_tiny/checkpoints/step_50 runs/hf/gpt3_tiny'],
     'import-hf': ['nxpretrain import-hf runs/hf/gpt3_tiny runs/gpt3_tiny_from_hf'],
-    'demo': ['nxpretrain demo'],
+    'demo': ['nxpretrain demo', 'nxpretrain demo --model llama3_tiny --max-steps 100'],
 }
 
 # %% ../nbs/api/08_cli.ipynb #8f51ec24
@@ -84,34 +84,26 @@ def _compile(a):
     if not report.ok: sys.exit(1)
 
 # %% ../nbs/api/08_cli.ipynb #808d0152
-def _require_slurm():
-    from nxpretrain.launch.slurmcheck import require_slurm
-    require_slurm()
-
 def _jobs(a):
-    from nxpretrain.launch.job import job_table
-    _require_slurm()
+    from nxpretrain.launch.launcher import job_table
     table = job_table()
     if a.json: return print(table.to_json(orient='records', indent=1))
-    print(table.to_string(index=False) if len(table) else 'no jobs in the queue')
+    print(table.to_string(index=False) if len(table) else 'no jobs')
 
 def _tail(a):
-    from nxpretrain.launch.job import tail
-    _require_slurm()
+    from nxpretrain.launch.launcher import tail
     print(tail(a.job_id, a.n))
 
 def _cancel(a):
-    from nxpretrain.launch.job import cancel, status
-    _require_slurm()
-    if a.signal and status(a.job_id)['state'] == 'PENDING':   # scancel would retry for a minute, then fail
-        raise SlurmError(f"job {a.job_id} is still queued: only a running job takes a signal; cancel it without --signal")
+    from nxpretrain.errors import LaunchError
+    from nxpretrain.launch.launcher import cancel, status, JobState
+    if a.signal and status(a.job_id).state == JobState.PENDING:   # scancel would retry for a minute, then fail
+        raise LaunchError(f"job {a.job_id} is still queued: only a running job takes a signal; cancel it without --signal")
     cancel(a.job_id, a.signal)
     print(f"job {a.job_id}: " + (f"sent {a.signal}" if a.signal else 'cancelled'))
 
 def _watch(a):
-    import re
     from nxpretrain.launch.watch import watch
-    if re.fullmatch(r'\d+(_\d+)?', a.job_id): _require_slurm()          # a log path needs no Slurm
     watch(a.job_id, timeout=a.timeout, widgets=False)
 
 # %% ../nbs/api/08_cli.ipynb #cc650eae
@@ -178,14 +170,14 @@ def _parser() -> argparse.ArgumentParser:
     p = cmd('compile', _compile, 'trn1: export and compile an NxD Training job; elsewhere a pre-flight dry run', model=True)
     p.add_argument('--cluster', default='', help='profile[:partition][@nodes]')
     p.add_argument('--out', default='runs/compile')
-    cmd('jobs', _jobs, 'the Slurm job table', json=True)
+    cmd('jobs', _jobs, 'the jobs of every scheduler that answers here (Slurm, this machine)', json=True)
     p = cmd('tail', _tail, 'the end of a job log')
     p.add_argument('job_id')
     p.add_argument('-n', type=int, default=20, help='lines (default 20)')
     p = cmd('cancel', _cancel, 'cancel a job (or send it a signal)')
     p.add_argument('job_id')
     p.add_argument('--signal', default=None, help='e.g. USR1 to checkpoint and requeue')
-    p = cmd('watch', _watch, 'follow the progress of a job (a Slurm job id or a log file)')
+    p = cmd('watch', _watch, 'follow the progress of a job (a job id or a log file)')
     p.add_argument('job_id')
     p.add_argument('--timeout', type=float, default=3600, help='seconds (default 3600)')
     p = cmd('evaluate', _evaluate, 'validation perplexity of a checkpoint, and a sample', json=True)
@@ -216,12 +208,6 @@ def parse_args(argv) -> argparse.Namespace:
     return a
 
 # %% ../nbs/api/08_cli.ipynb #8d6fc92f
-def _one_line(e: Exception) -> str:
-    "A Slurm error in our words; any other error as it is (a recipe error may list several problems, one per line)."
-    if not isinstance(e, SlurmError): return str(e)
-    from nxpretrain.launch.slurmcheck import slurm_problem, explain_slurm
-    return slurm_problem() or explain_slurm(str(e))
-
 def main(argv=None):
     "Entry point of the `nxpretrain` command."
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -231,5 +217,5 @@ def main(argv=None):
     a = parse_args(argv)
     try: return a.fn(a)
     except NxpError as e:
-        print(f"nxpretrain {a.command}: {_one_line(e)}", file=sys.stderr)
+        print(f"nxpretrain {a.command}: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

@@ -29,6 +29,7 @@ class ClusterProfile:
     storage: str = ''              # shared storage tier the jobs write checkpoints and caches to
     container_mounts: str = ''     # pyxis --container-mounts, e.g. /shared:/shared
     lnc: int = 0                   # Trainium2 logical NeuronCore config (1 or 2); 0 elsewhere
+    scheduler: str = 'slurm'       # the launcher that queues its jobs (a name registered in nxpretrain.launch.launcher)
 
     @property
     def host_mb(self) -> int: return self.host_gib * 1024

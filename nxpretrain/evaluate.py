@@ -26,12 +26,17 @@ def load_model(checkpoint, recipe: Recipe | None = None):
 # %% ../nbs/api/61_evaluate.ipynb #78ac00fc
 def perplexity(checkpoint, steps: int = 10, recipe: Recipe | None = None, dataset=None) -> dict:
     "{'loss', 'perplexity', 'tokens'} of a checkpoint on its recipe's validation split (or `dataset`)."
-    import torch
+    from dataclasses import replace
+    from nxpretrain.recipes import ParallelConfig
+    from nxpretrain.parallel.state import parallel_session
+    from nxpretrain.parallel.engine import parallelize
     from nxpretrain.train.trainer import evaluate_loss, build_datasets
     model, r = load_model(checkpoint, recipe)
     ds = dataset if dataset is not None else build_datasets(r, r.data.global_batch)[1]
     if ds is None: raise ValueError(f"{checkpoint}: the recipe's data split {r.data.split!r} has no validation part; pass dataset=")
-    out = evaluate_loss(model, ds, r.data.micro_batch, steps * r.data.micro_batch, torch.device('cpu'))
+    alone = replace(r, parallel=ParallelConfig(precision='fp32'))   # one process, fp32
+    with parallel_session(alone, 'cpu') as state:
+        out = evaluate_loss(parallelize(model, alone, state), ds, steps * r.data.micro_batch)
     return dict(out, tokens=steps * r.data.micro_batch * r.model.seq_len)
 
 # %% ../nbs/api/61_evaluate.ipynb #0a47dfbe

@@ -9,6 +9,7 @@ from pathlib import Path
 from .recipes import Recipe, get_recipe, override, validate, RecipeError, CATALOG
 from .clusters import profile
 from .plan import plan, Plan
+from .errors import LaunchError, TrainingError
 
 # %% auto #0
 __all__ = ['load_recipe', 'where_to_train', 'train_stage']
@@ -24,7 +25,9 @@ def load_recipe(model: str, overrides=(), max_steps: int | None = None, world: i
 # %% ../nbs/api/07_stages.ipynb #fa095840
 def where_to_train(r: Recipe, cluster: str = '') -> tuple[str, str]:
     "('local' | 'torchrun' | 'submit' | 'stop', reason) for recipe `r` and the `cluster` the user gave ('' = none)."
-    if cluster: return 'submit', f"submitting to Slurm ({cluster})"
+    if cluster:
+        from nxpretrain.launch.job import resolve_cluster
+        return 'submit', f"submitting to {resolve_cluster(r, cluster)[1].scheduler} ({cluster})"
     prof = profile(r.cluster.profile)
     if prof.backend == 'gloo' and r.cluster.nodes == 1:
         if prof.devices_per_node == 1: return 'local', 'sized for this machine: training here, in this process'
@@ -35,35 +38,38 @@ def where_to_train(r: Recipe, cluster: str = '') -> tuple[str, str]:
 
 # %% ../nbs/api/07_stages.ipynb #de3e6000
 def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
-                cluster: str = '',         # Slurm partition/profile to submit to; '' = none
+                cluster: str = '',         # profile/partition to submit to (its scheduler's launcher); '' = none
                 overrides=(),              # dotted overrides, e.g. ['optim.lr=1e-3']
                 max_steps: int | None = None,  # shortcut for trainer.max_steps
                 out_dir: str = 'runs',     # where logs, TensorBoard events and checkpoints go
                 show=print,                # how to show the plan (display in notebooks)
                 dry_run: bool = False,     # plan and write the job, train and submit nothing
-                test_only: bool = False):  # ask Slurm when the job would start (sbatch --test-only), submit nothing
+                test_only: bool = False):  # ask the scheduler when the job would start, submit nothing
     "Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop (trn1: an NxD Training job)."
     r = load_recipe(model, overrides, max_steps)
     action, reason = where_to_train(r, cluster)
-    if action == 'submit' and not dry_run:            # our one line, before sbatch's own words
-        from nxpretrain.launch.slurmcheck import require_slurm
-        require_slurm()
+    if action == 'submit' and not dry_run:            # our one line, before the scheduler's own words
+        from nxpretrain.launch.job import resolve_cluster
+        from nxpretrain.launch.launcher import launcher_for
+        if why := launcher_for(resolve_cluster(r, cluster)[1]).reachable(): raise LaunchError(why)
     if dry_run: action, reason = 'stop', f"dry run, nothing {'submitted' if action == 'submit' else 'trained'} ({reason})"
     show(plan(r))
     print(f"\n{action}: {reason}")
     if action == 'local':
         from nxpretrain.train.trainer import train
         return train(r, out_dir=out_dir)
-    from nxpretrain.launch.job import make_job, submit
+    from nxpretrain.launch.job import make_job
+    from nxpretrain.launch.launcher import get_launcher
     from nxpretrain.launch.nxdt import export_nxdt
     where = Path(out_dir) / 'jobs' / r.name
     if profile(r.cluster.profile).backend == 'xla':   # trn1: legacy XLA, run through NxD Training (compile first: 03_compile)
         job = export_nxdt(r, where, cluster or None)['train']
-    else: job = make_job(r, cluster or None, where)  # checks the recipe against the cluster, quotes every value
-    if action == 'torchrun':                          # several processes on this machine: the job's own torchrun, no Slurm
-        from nxpretrain.launch.job import run_local
+    else:                                             # checks the recipe against the cluster, quotes every value
+        job = make_job(r, cluster or None, where, scheduler='local' if action == 'torchrun' else None)
+    if action == 'torchrun':                          # several processes on this machine: the local launcher's torchrun
+        from nxpretrain.launch.local import run_local
         done = run_local(job)
-        if done.returncode: raise RuntimeError(f"training with torchrun failed (exit {done.returncode}); log: {done.log}")
+        if done.exit_code: raise TrainingError(f"training with torchrun failed (exit {done.exit_code}); log: {done.log}")
         return job
     print(f"\nThe job {'submitted' if action == 'submit' and not test_only else 'it would submit'} ({job.script_path}):\n")
     print(job)
@@ -71,9 +77,10 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         print(f"\n{where / 'train.sh'} (what srun runs on every node; NxD Training config: {job.recipe_path}):\n")
         print((where / 'train.sh').read_text())
     if action == 'stop': return job
+    launcher = get_launcher(job.scheduler)
     if test_only:
-        print(f"\nSlurm's answer (sbatch --test-only, nothing submitted): {submit(job, test_only=True)}")
+        print(f"\nthe {job.scheduler} answer (nothing submitted): {launcher.check(job)}")
         return job
-    job_id = submit(job)
-    print(f"\nsubmitted as Slurm job {job_id}: follow it with 05_monitor (papermill nbs/05_monitor.ipynb runs/monitor.ipynb -p job {job_id})")
+    job_id = launcher.submit(job)
+    print(f"\nsubmitted as {job.scheduler} job {job_id}: follow it with 05_monitor (papermill nbs/05_monitor.ipynb runs/monitor.ipynb -p job {job_id})")
     return job_id

@@ -30,9 +30,9 @@ def make_public(client, bucket):
 
 
 class CuttingProxy:
-    "TCP proxy to `upstream` (host, port) that closes the first connection after `cut_after` bytes from the server."
+    "TCP proxy to `upstream` (host, port) that closes the first connection to bring more than `cut_after` bytes, there."
     def __init__(self, upstream, cut_after: int):
-        self.upstream, self.cut_after, self.cuts = upstream, cut_after, 0
+        self.upstream, self.cut_after, self.cuts, self.lock = upstream, cut_after, 0, threading.Lock()
         self.sock = socket.create_server(('127.0.0.1', 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
@@ -45,14 +45,17 @@ class CuttingProxy:
 
     def _serve(self, client):
         server = socket.create_connection(self.upstream)
-        cut = self.cuts == 0
         def pump(src, dst, counting):
             sent = 0
             try:
                 while data := src.recv(65536):
-                    if counting and cut and sent + len(data) > self.cut_after:
-                        dst.sendall(data[:self.cut_after - sent]); self.cuts += 1
-                        break
+                    if counting and sent + len(data) > self.cut_after:
+                        with self.lock:
+                            cut = self.cuts == 0
+                            self.cuts += cut
+                        if cut:
+                            dst.sendall(data[:self.cut_after - sent])
+                            break
                     dst.sendall(data); sent += len(data)
             except OSError: pass
             for s in (src, dst):

@@ -57,33 +57,47 @@ def test_multipart_upload_and_its_etag_checked_on_download(tmp_path, endpoint):
     assert s3.verify(got, 's3://private-data/big-copy.bin', head['ContentLength'], head['ETag']) in ('etag', 'size')
 
 
-def test_broken_transfer_resumes_with_a_range_request(tmp_path, endpoint, blob):
+def _ranges(client):
+    "The Range header of every GetObject the client sends."
+    seen = []
+    client.meta.events.register('before-call.s3.GetObject', lambda params, **kw: seen.append(params.get('headers', {}).get('Range')))
+    return seen
+
+
+def test_broken_transfer_refetches_only_the_broken_range(tmp_path, endpoint, blob):
     s3.upload(tmp_path / 'blob.bin', 's3://public-data/resume/blob.bin', endpoint_url=endpoint, progress=False)
     host, port = endpoint[7:].split(':')
-    proxy = CuttingProxy((host, int(port)), cut_after=1_000_000)
+    proxy = CuttingProxy((host, int(port)), cut_after=300_000)              # one connection dies mid-transfer
     client = s3.s3_client(anonymous=True, endpoint_url=proxy.url)
-    ranges = []
-    client.meta.events.register('before-call.s3.GetObject', lambda params, **kw: ranges.append(params.get('headers', {}).get('Range')))
+    ranges = _ranges(client)
     try:
-        got = s3.download('s3://public-data/resume/blob.bin', tmp_path / 'out' / 'blob.bin', anonymous=True, client=client, progress=False)
+        got = s3.download('s3://public-data/resume/blob.bin', tmp_path / 'out' / 'blob.bin', anonymous=True, client=client,
+                          part_size=500_000, concurrency=2, progress=False)
     finally: proxy.close()
     assert proxy.cuts == 1 and got.read_bytes() == blob
-    assert ranges[0] is None and ranges[1].startswith('bytes=') and 0 < int(ranges[1][6:].rstrip('-')) < len(blob), ranges
-    assert not (tmp_path / 'out' / 'blob.bin.part').exists()
+    parts = [f'bytes={lo}-{min(len(blob), lo + 500_000) - 1}' for lo in range(0, len(blob), 500_000)]
+    assert sorted(set(ranges)) == sorted(parts) and len(ranges) == len(parts) + 1      # one range asked again, no more
+    assert not (tmp_path / 'out' / 'blob.bin.part').exists() and not (tmp_path / 'out' / 'blob.bin.part.json').exists()
 
 
 def test_resume_across_runs_from_a_part_file(tmp_path, endpoint, blob):
+    "A run that died after two of six parts: the next one asks only for the other four."
     s3.upload(tmp_path / 'blob.bin', 's3://public-data/again/blob.bin', endpoint_url=endpoint, progress=False)
     out = tmp_path / 'out' / 'blob.bin'
     out.parent.mkdir()
     client = s3.s3_client(anonymous=True, endpoint_url=endpoint)
     etag = client.head_object(Bucket='public-data', Key='again/blob.bin')['ETag']
-    Path(str(out) + '.part').write_bytes(blob[:123_456])                           # an earlier run died here
-    Path(str(out) + '.part.json').write_text(json.dumps({'etag': etag}))
-    ranges = []
-    client.meta.events.register('before-call.s3.GetObject', lambda params, **kw: ranges.append(params.get('headers', {}).get('Range')))
-    s3.download('s3://public-data/again/blob.bin', out, anonymous=True, client=client, progress=False)
-    assert out.read_bytes() == blob and ranges == ['bytes=123456-']
+    Path(str(out) + '.part').write_bytes(blob[:1_000_000] + bytes(len(blob) - 1_000_000))
+    Path(str(out) + '.part.json').write_text(json.dumps({'etag': etag, 'size': len(blob), 'part_size': 500_000, 'done': [0, 1]}))
+    ranges = _ranges(client)
+    s3.download('s3://public-data/again/blob.bin', out, anonymous=True, client=client, part_size=500_000, concurrency=1, progress=False)
+    assert out.read_bytes() == blob
+    assert ranges == [f'bytes={lo}-{lo + 499_999}' for lo in range(1_000_000, len(blob), 500_000)]
+    # a .part of another version of the object (its ETag differs) is not reused
+    Path(str(out) + '.part').write_bytes(bytes(len(blob)))
+    Path(str(out) + '.part.json').write_text(json.dumps({'etag': '"0"', 'size': len(blob), 'part_size': 500_000, 'done': [0, 1, 2, 3, 4, 5]}))
+    out.unlink()
+    assert s3.download('s3://public-data/again/blob.bin', out, anonymous=True, client=client, part_size=500_000, progress=False).read_bytes() == blob
 
 
 def test_checksum_mismatch_is_one_line_and_keeps_no_final_file(tmp_path, endpoint, blob):
@@ -123,3 +137,35 @@ def test_sync_a_pattern_like_seed_1(tmp_path, endpoint, use_s5cmd):
     if not use_s5cmd: s3.sync('s3://public-data/the_pile_gpt3/*', tmp_path / 'pile', anonymous=True, endpoint_url=endpoint, use_s5cmd=False, progress=False)
     else: s3.sync('s3://public-data/the_pile_gpt3/*', tmp_path / 'pile', anonymous=True, endpoint_url=endpoint, use_s5cmd=True, progress=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / 'pile').iterdir()} == files
+
+
+def test_command_line_like_the_seeds(tmp_path, endpoint, blob):
+    "`python -m nxpretrain.data.s3 cp … --no-sign-request`, as seed 3 runs `aws s3 cp`; errors are one line and exit 2."
+    import subprocess, sys
+    run = lambda *a: subprocess.run([sys.executable, '-m', 'nxpretrain.data.s3', *a, '--endpoint-url', endpoint, '--no-progress'],
+                                    capture_output=True, text=True, timeout=60)
+    up = run('cp', str(tmp_path / 'blob.bin'), 's3://public-data/cli/blob.bin')
+    assert up.returncode == 0, up.stderr
+    (tmp_path / 'dl').mkdir()
+    down = run('cp', 's3://public-data/cli/blob.bin', str(tmp_path / 'dl'), '--no-sign-request')
+    assert down.returncode == 0 and (tmp_path / 'dl' / 'blob.bin').read_bytes() == blob, down.stderr
+    assert f"{len(blob)}  s3://public-data/cli/blob.bin" in run('ls', 's3://public-data/cli/', '--no-sign-request').stdout
+    bad = run('cp', 's3://no-such-bucket/x.tar', str(tmp_path / 'dl'), '--no-sign-request')
+    assert bad.returncode == 2 and bad.stderr.strip().count('\n') == 0 and 'no such bucket' in bad.stderr
+
+
+def test_sync_checks_a_sha256_manifest_and_fetch_file_takes_s3(tmp_path, endpoint, monkeypatch):
+    from nxpretrain.data.download import fetch_file
+    c = s3.s3_client(endpoint_url=endpoint)
+    files = {'a.bin': os.urandom(5000), 'b.bin': os.urandom(7000)}
+    for name, b in files.items(): c.put_object(Bucket='public-data', Key=f'manifest/{name}', Body=b)
+    good = {n: hashlib.sha256(b).hexdigest() for n, b in files.items()}
+    got = s3.sync('s3://public-data/manifest/', tmp_path / 'ok', anonymous=True, endpoint_url=endpoint, sha256=good, use_s5cmd=False, progress=False)
+    assert {p.name: p.read_bytes() for p in got} == files
+    with pytest.raises(DataError) as e:
+        s3.sync('s3://public-data/manifest/', tmp_path / 'bad', anonymous=True, endpoint_url=endpoint, sha256={**good, 'b.bin': 'ab' * 32},
+                use_s5cmd=False, progress=False)
+    assert str(e.value).startswith('s3://public-data/manifest/b.bin: SHA-256') and '\n' not in str(e.value)
+    monkeypatch.setenv('AWS_ENDPOINT_URL', endpoint)                 # fetch_file's s3:// addresses: anonymous, like the seeds
+    p = fetch_file('s3://public-data/manifest/a.bin', tmp_path / 'f' / 'a.bin', sha256=good['a.bin'], progress=False)
+    assert p.read_bytes() == files['a.bin']

@@ -6,7 +6,8 @@ import pytest
 from nxpretrain.recipes import get_recipe, override, validate
 from nxpretrain.plan import plan
 from nxpretrain.clusters import profile
-from nxpretrain.launch.job import make_job, submit
+from nxpretrain.launch.job import make_job
+from nxpretrain.launch.slurm import SlurmLauncher
 from nxpretrain.launch.localslurm import LocalSlurm, why_no_slurm
 
 SEED1 = ('gpt3_175b_p4de', 'gpt3_126m_p4de')
@@ -48,7 +49,7 @@ def test_sbatch_test_only_accepts_the_jobs(tmp_path):
     with LocalSlurm.shaped_like(prof, 16, name='seed1', port=6930):
         for name in SEED1:
             job = make_job(name, None, tmp_path / name)
-            answer = submit(job, test_only=True)
+            answer = SlurmLauncher().check(job)
             assert f"using {get_recipe(name).cluster.nodes * prof.cpus_per_node} processors" in answer, answer
 
 

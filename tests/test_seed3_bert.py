@@ -1,7 +1,7 @@
 """Seed 3 end to end against a local S3 server: raw text → BERT shards in the seed's HDF5 layout (read back key for key
 with h5py), packed in a tar under the seed's bucket key, fetched anonymously (`--no-sign-request`), extracted safely,
 and bert_tiny trains on the shards."""
-import math, tarfile
+import math, os, tarfile
 from pathlib import Path
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from nxpretrain.data import s3
 from nxpretrain.data.archive import fetch_bert_hdf5, BERT_HDF5_TARS
 from nxpretrain.data.bert_corpus import SEED3_LAYOUT, write_bert_corpus, train_wordpiece, split_sentences
 from nxpretrain.data.blocks import BertHDF5Dataset, HDF5_KEYS
-from nxpretrain.data.corpus import demo_documents
+from nxpretrain.data.corpus import DataError, demo_documents
 from nxpretrain.recipes import get_recipe
 from nxpretrain.train.trainer import train
 from s3_helpers import s3_server, make_public
@@ -41,7 +41,7 @@ def test_shards_have_the_seed_layout_key_for_key(corpus):
             n = f['input_ids'].shape[0]
             for key, (dtype, shape) in SEED3_LAYOUT.items():
                 assert str(f[key].dtype) == dtype and f[key].shape == (n, *shape(SEQ, PRED)), key
-                assert f[key].compression == 'gzip'
+                assert f[key].compression == 'gzip' and f[key].fletcher32
             ids, mask, seg = f['input_ids'][:], f['input_mask'][:], f['segment_ids'][:]
             pos, lab, nsp = f['masked_lm_positions'][:], f['masked_lm_ids'][:], f['next_sentence_labels'][:]
         lengths = mask.sum(1)
@@ -79,24 +79,34 @@ def test_whole_words_are_masked_together(corpus):
     assert checked > 100
 
 
-def test_seed3_flow_from_s3(tmp_path, corpus):
+def test_seed3_flow_from_s3(tmp_path, corpus, monkeypatch):
+    "As the seed: copy the tar with --no-sign-request, extract, delete the tar; then the recipe names the data."
+    import subprocess, sys
     d, _, shards = corpus
     url = BERT_HDF5_TARS['bert_wikicorpus_hdf5_128']
     bucket, key = s3.split_url(url)
     tar = tmp_path / Path(key).name
     with tarfile.open(tar, 'w') as t: t.add(shards[0].parent, arcname=shards[0].parent.name)
+    monkeypatch.chdir(tmp_path)                                       # the trainer reads runs/data, as on a cluster
+    vocab_size = len((d / 'vocab' / 'vocab.txt').read_text().splitlines())
+    r = get_recipe('bert_tiny', 'data.corpus=bert_wikicorpus_hdf5_128', f'model.vocab_size={vocab_size}', 'model.hidden=64',
+                   'model.n_heads=2', 'data.micro_batch=4', 'data.global_batch=4', 'trainer.threads=1', 'trainer.eval_every=3',
+                   'trainer.eval_steps=1', 'trainer.save_every=0', 'optim.warmup_steps=1', 'data.split=90,10,0')
+    with pytest.raises(DataError, match=r'^data.corpus=bert_wikicorpus_hdf5_128: not fetched under runs/data; run: python -m nxpretrain.data.archive'):
+        train(r, str(tmp_path / 'early'), 1, progress=False)
     with s3_server() as endpoint:
         c = s3.s3_client(endpoint_url=endpoint)
         c.create_bucket(Bucket=bucket); make_public(c, bucket)
         s3.upload(tar, url, endpoint_url=endpoint, progress=False)
-        folder = fetch_bert_hdf5('bert_wikicorpus_hdf5_128', tmp_path / 'data', anonymous=True, endpoint_url=endpoint, progress=False)
-    assert sorted(p.name for p in folder.glob('*.hdf5')) == sorted(p.name for p in shards)
-    assert all((folder / p.name).read_bytes() == p.read_bytes() for p in shards)
-    assert not (tmp_path / 'data' / 'bert_hdf5' / tar.name).exists()              # the tar is deleted, as the seed does
-    vocab_size = len((d / 'vocab' / 'vocab.txt').read_text().splitlines())
-    r = get_recipe('bert_tiny', f'data.corpus={folder}', f'model.vocab_size={vocab_size}', 'model.hidden=64', 'model.n_heads=2',
-                   'data.micro_batch=4', 'data.global_batch=4', 'trainer.threads=1', 'trainer.eval_every=3', 'trainer.eval_steps=1',
-                   'trainer.save_every=0', 'optim.warmup_steps=1', 'data.split=90,10,0')
+        p = subprocess.run([sys.executable, '-m', 'nxpretrain.data.archive', 'bert_wikicorpus_hdf5_128', '--root', 'runs/data',
+                            '--endpoint-url', endpoint], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1])})
+        assert p.returncode == 0, p.stderr
+    folder = Path(p.stdout.strip().splitlines()[-1])
+    assert sorted(q.name for q in folder.glob('*.hdf5')) == sorted(q.name for q in shards)
+    assert all((folder / q.name).read_bytes() == q.read_bytes() for q in shards)
+    assert not (tmp_path / 'runs' / 'data' / 'bert_hdf5' / tar.name).exists()      # the tar is deleted, as the seed does
+    assert fetch_bert_hdf5('bert_wikicorpus_hdf5_128', 'runs/data', progress=False) == folder   # fetched once: no download
     res = train(r, str(tmp_path / 'run'), 3, progress=False)
     assert len(res.losses) == 3 and all(math.isfinite(x) for x in res.losses)
     assert abs(res.losses[0] - (math.log(vocab_size) + math.log(2))) < 1.5            # MLM over the vocabulary + NSP over 2

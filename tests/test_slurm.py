@@ -5,7 +5,12 @@ from pathlib import Path
 import pytest
 import nxpretrain
 from nxpretrain.launch.localslurm import LocalSlurm, why_no_slurm
-from nxpretrain.launch.job import make_job, make_array_job, submit, status, cancel, tail, wait, release, job_table, SlurmError
+from nxpretrain.errors import SlurmError
+from nxpretrain.launch.job import make_job, make_array_job
+from nxpretrain.launch.launcher import submit, status, cancel, tail, wait, job_table
+from nxpretrain.launch.slurm import SlurmLauncher
+
+release = SlurmLauncher().release   # Slurm's own: start a requeued job now
 
 REASON = why_no_slurm()
 pytestmark = [pytest.mark.skipif(bool(REASON), reason=f"no local Slurm: {REASON}"), pytest.mark.timeout(300)]
@@ -82,8 +87,8 @@ def test_submit_status_tail_cancel(one_node, tmp_path):
     assert jid in set(table.job_id) and table.set_index('job_id').loc[jid, 'state'] == 'RUNNING'
     cancel(jid)
     s = wait(jid, timeout=60)
-    assert s['state'] == 'CANCELLED', s
-    log = Path(s['log']).read_text(errors='replace')
+    assert s.state == 'CANCELLED', s
+    log = Path(s.log).read_text(errors='replace')
     assert f"nxpretrain: job {jid} restart 0" in log and 'requeueing' not in log
 
 
@@ -96,14 +101,14 @@ def test_quoting_adversarial(one_node, tmp_path):
     for i, v in enumerate(evil[5:]): overrides.append(f"notes={v}")
     job = make_job('gpt3_tiny', 'ci', tmp_path / 'job', overrides=overrides, entry=_script(tmp_path, 'dump.py', ARGV_DUMP))
     s = wait(submit(job), timeout=120)
-    assert s['state'] == 'COMPLETED', (s, tail(s['job_id'], 30))
+    assert s.state == 'COMPLETED', (s, tail(s.job_id, 30))
     argv = json.loads((tmp_path / 'job' / 'argv-rank0.json').read_text(errors='replace'))
     assert argv == ['--recipe', str(job.recipe_path), *overrides]
     assert not pwned.exists()
-    # the same job run locally (no shell at all) gets the same argv
-    from nxpretrain.launch.job import run_local
+    # the same job run by the local launcher (its own script, every value quoted) gets the same argv
+    from nxpretrain.launch.local import run_local
     (tmp_path / 'job' / 'argv-rank0.json').unlink()
-    assert run_local(job, echo=False).returncode == 0
+    assert run_local(job, echo=False).exit_code == 0
     assert json.loads((tmp_path / 'job' / 'argv-rank0.json').read_text(errors='replace')) == argv and not pwned.exists()
 
 
@@ -118,7 +123,7 @@ def test_data_array_then_dependent_job(one_node, tmp_path):
                      f"import pathlib; n = len(list(pathlib.Path({str(out)!r}).glob('shard-*.txt'))); print('shards', n); assert n == 4"))
     tid = submit(check, after=[aid])
     s = wait(tid, timeout=180)
-    assert s['state'] == 'COMPLETED', (s, tail(tid, 30))
+    assert s.state == 'COMPLETED', (s, tail(tid, 30))
     assert sorted(p.read_text(errors='replace') for p in out.glob('shard-*.txt')) == ['0', '1', '2', '3']
     assert 'shards 4' in tail(tid, 50)
     assert 'task 3 of 4' in tail(f"{aid}_3", 5)
@@ -134,8 +139,8 @@ def test_preempt_requeue_resume_fake_trainer(one_node, tmp_path):
     wait(jid, until={'PENDING', 'RUNNING'}, timeout=60)
     release(jid)
     s = wait(jid, timeout=180)
-    log = Path(s['log']).read_text(errors='replace')
-    assert s['state'] == 'COMPLETED' and s['restarts'] == 1, (s, log)
+    log = Path(s.log).read_text(errors='replace')
+    assert s.state == 'COMPLETED' and s.restarts == 1, (s, log)
     saved = int(log.split('saved checkpoint at step ')[1].split()[0])
     assert f"start rank 0 step {saved} restart 1" in log and log.rstrip().endswith('step finished with status 0')
     assert f"nxpretrain: job {jid} restart 1" in log
@@ -153,7 +158,7 @@ dist.destroy_process_group()
     job = make_job('gpt3_tiny', 'ci', tmp_path / 'job', overrides=['cluster.nodes=2', 'data.micro_batch=4'],
                    entry=_script(tmp_path, 'ar.py', code))
     s = wait(submit(job), timeout=120)
-    log = Path(s['log']).read_text(errors='replace')
-    assert s['state'] == 'COMPLETED', (s, log)
+    log = Path(s.log).read_text(errors='replace')
+    assert s.state == 'COMPLETED', (s, log)
     assert 'rank 0/2 on node1 sum 3' in log and 'rank 1/2 on node2 sum 3' in log, log
     assert '0: nxpretrain: node node1 task 0' in log and '1: nxpretrain: node node2 task 1' in log, log

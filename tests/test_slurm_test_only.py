@@ -6,7 +6,11 @@ import pytest
 from nxpretrain.recipes import CATALOG
 from nxpretrain.clusters import profile
 from nxpretrain.launch.localslurm import LocalSlurm, why_no_slurm
-from nxpretrain.launch.job import make_job, submit, SlurmError
+from nxpretrain.errors import SlurmError
+from nxpretrain.launch.job import make_job
+from nxpretrain.launch.slurm import SlurmLauncher
+
+check = SlurmLauncher().check   # sbatch --test-only: when would it start, nothing submitted
 from nxpretrain.launch.nxdt import export_nxdt
 
 REASON = why_no_slurm()
@@ -23,15 +27,15 @@ def test_catalog_jobs_fit_their_profile(prof, tmp_path):
     with LocalSlurm.shaped_like(prof, nodes, name='shape', port=6900):
         for name in names:
             job = make_job(name, None, tmp_path / name)
-            answer = submit(job, test_only=True)
+            answer = check(job)
             r = CATALOG[name]
             cpus = r.cluster.nodes * profile(prof).cpus_per_node
             assert f"using {cpus} processors" in answer, (name, answer)
-            if profile(prof).backend == 'xla':  # the NxD Training compile and train jobs too
+            if profile(prof).backend == 'xla' and r.model.arch != 'bert':  # the NxD Training compile and train jobs too
                 for kind, j in export_nxdt(name, tmp_path / f"nxdt-{name}").items():
-                    assert 'to start at' in submit(j, test_only=True), (name, kind)
+                    assert 'to start at' in check(j), (name, kind)
         # one node more than the cluster has: refused now, not after the queue wait
         big = make_job(names[0], None, tmp_path / 'too-big')
         big.script = big.script.replace(f"--nodes={CATALOG[names[0]].cluster.nodes}", f"--nodes={nodes + 1}")
         with pytest.raises(SlurmError, match='not available|Node count'):
-            submit(big, test_only=True)
+            check(big)

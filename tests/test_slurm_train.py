@@ -7,7 +7,11 @@ from pathlib import Path
 import pytest
 import nxpretrain
 from nxpretrain.launch.localslurm import LocalSlurm, why_no_slurm
-from nxpretrain.launch.job import make_job, submit, status, cancel, tail, wait, release, log_path, data_prep_jobs, submit_chain
+from nxpretrain.launch.job import make_job, data_prep_jobs
+from nxpretrain.launch.launcher import submit, status, cancel, tail, wait, log_path, submit_chain
+from nxpretrain.launch.slurm import SlurmLauncher
+
+release = SlurmLauncher().release   # Slurm's own: start a requeued job now
 
 REASON = why_no_slurm() or ('' if (Path(nxpretrain.__file__).parent / 'train' / 'entry.py').exists() else 'the trainer (nxpretrain.train.entry) is not in this checkout')
 pytestmark = [pytest.mark.skipif(bool(REASON), reason=f"cannot run: {REASON}"), pytest.mark.timeout(600)]
@@ -32,7 +36,7 @@ def corpus(two_nodes, tmp_path_factory):
     out = tmp_path_factory.mktemp('data')
     ids = submit_chain(data_prep_jobs('demo', out, 'ci'))
     s = wait(ids[-1], timeout=300)
-    assert s['state'] == 'COMPLETED', (s, tail(ids[-1], 30))
+    assert s.state == 'COMPLETED', (s, tail(ids[-1], 30))
     prefix = tail(ids[-1], 1).strip()
     assert Path(prefix + '.idx').exists() and Path(prefix + '.bin').stat().st_size > 0, prefix
     return prefix
@@ -63,8 +67,8 @@ def test_two_node_training_through_04_train(corpus, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     rec = json.loads(next(out.rglob('jobs.jsonl')).read_text().splitlines()[-1])
     s = wait(rec['id'], timeout=480)
-    log = Path(s['log'] or log_path(rec['id'])).read_text(errors='replace')
-    assert s['state'] == 'COMPLETED', (s, log[-3000:])
+    log = Path(s.log or log_path(rec['id'])).read_text(errors='replace')
+    assert s.state == 'COMPLETED', (s, log[-3000:])
     assert '0: nxpretrain: node node1 task 0' in log and '1: nxpretrain: node node2 task 1' in log
     run_dir = next(out.rglob('steps.jsonl')).parent
     losses = [r['loss'] for r in _steps(run_dir)]
@@ -83,8 +87,8 @@ def test_preempt_requeue_resume(corpus, tmp_path):
     assert stopped['code'] == 75 and stopped['step'] >= 6, stopped
     release(jid)
     s = wait(jid, timeout=480)
-    log = Path(s['log']).read_text(errors='replace')
-    assert s['state'] == 'COMPLETED' and s['restarts'] == 1, (s, log[-3000:])
+    log = Path(s.log).read_text(errors='replace')
+    assert s.state == 'COMPLETED' and s.restarts == 1, (s, log[-3000:])
     assert f"nxpretrain: job {jid} restart 1" in log and 'requeueing job' in log
     # the second run went on from the signal's checkpoint: every step once, none repeated, none missing
     steps = [r['step'] for r in _steps(job.run_dir)]
@@ -98,7 +102,7 @@ def test_cancel_does_not_requeue(corpus, tmp_path):
     _wait_step(job.run_dir, 2, jid)
     cancel(jid)
     s = wait(jid, timeout=120)
-    assert s['state'] == 'CANCELLED' and s.get('restarts', 0) == 0
+    assert s.state == 'CANCELLED' and s.restarts == 0
     assert 'requeueing' not in Path(log_path(jid)).read_text(errors='replace')
 
 

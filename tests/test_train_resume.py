@@ -62,7 +62,9 @@ def reference(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp('ref')
     assert finish(launch(out)) == 0, console(out)
     ref = {s['step']: s['loss'] for s in steps(out)}
-    assert sorted(ref) == list(range(1, STEPS + 1)) and ref[STEPS] < ref[1], ref
+    assert sorted(ref) == list(range(1, STEPS + 1)), ref
+    # it learns: 48 samples over a vocabulary of 8192 move the loss little, so compare the ends' means, not two steps
+    assert sum(ref[s] for s in (10, 11, 12)) < sum(ref[s] for s in (1, 2, 3)), ref
     return ref
 
 

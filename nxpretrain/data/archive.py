@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 from ..errors import DataError
 
 # %% auto #0
-__all__ = ['BERT_HDF5_TARS', 'check_members', 'extract_tar', 'fetch_bert_hdf5']
+__all__ = ['BERT_HDF5_TARS', 'check_members', 'extract_tar', 'fetch_bert_hdf5', 'bert_hdf5_folder', 'main']
 
 # %% ../../nbs/api/15b_archive.ipynb #29ea619d
 def check_members(tar: tarfile.TarFile, name: str) -> list[tarfile.TarInfo]:
@@ -75,3 +75,30 @@ def fetch_bert_hdf5(source: str, root='runs/data', anonymous: bool = True, keep_
     files = extract_tar(tar, folder, progress)
     if not keep_archive: tar.unlink(missing_ok=True)     # the seed deletes its 48 GB tar too
     return _shard_folder(files)
+
+# %% ../../nbs/api/15b_archive.ipynb #77cc7d61
+def bert_hdf5_folder(name: str, root='runs/data') -> Path:
+    "The extracted shards' folder of catalog data `name` under `root`; a one-line error with the fetch command if absent."
+    url = BERT_HDF5_TARS[name]
+    tar = url.rsplit('/', 1)[-1]
+    marker = Path(root) / 'bert_hdf5' / tar.removesuffix('.tar') / f'.extracted-{tar}.json'
+    if not marker.exists():
+        raise DataError(f"data.corpus={name}: not fetched under {root}; run: python -m nxpretrain.data.archive {name} --root {root}")
+    return _shard_folder([marker.parent / f for f in json.loads(marker.read_text())['files']])
+
+# %% ../../nbs/api/15b_archive.ipynb #2c8b2627
+def main(argv=None) -> int:
+    "Command line: fetch and extract seed 3's HDF5 tar."
+    import argparse, sys
+    ap = argparse.ArgumentParser(prog='python -m nxpretrain.data.archive', description=fetch_bert_hdf5.__doc__)
+    ap.add_argument('source', help=f"one of {', '.join(BERT_HDF5_TARS)}, or an s3:// or https:// address of a tar")
+    ap.add_argument('--root', default='runs/data'); ap.add_argument('--signed', action='store_true', help='sign S3 requests')
+    ap.add_argument('--keep-archive', action='store_true'); ap.add_argument('--endpoint-url', default=None)
+    a = ap.parse_args(argv)
+    try: print(fetch_bert_hdf5(a.source, a.root, not a.signed, a.keep_archive, a.endpoint_url))
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr); return 2
+    return 0
+
+# %% ../../nbs/api/15b_archive.ipynb #0d99c402
+if __name__ == '__main__': raise SystemExit(main())

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
-from ..errors import DataError
+from .corpus import DataError
 from .blocks import HDF5_KEYS
 
 # %% auto #0
 __all__ = ['SEED3_LAYOUT', 'split_sentences', 'Instance', 'document_instances', 'mask_whole_words', 'write_shard',
-           'write_bert_corpus', 'train_wordpiece']
+           'write_bert_corpus', 'train_wordpiece', 'main']
 
 # %% ../../nbs/api/19_bert_corpus.ipynb #762aa8bc
 SEED3_LAYOUT = {   # key: (dtype, per-sample shape as a function of (seq_len, max_predictions))
@@ -130,7 +130,8 @@ def write_shard(path, rows: list[dict], seq_len: int, max_predictions: int) -> P
     with h5py.File(tmp, 'w') as f:
         for key, (dtype, shape) in SEED3_LAYOUT.items():
             data = np.asarray([r[key] for r in rows], dtype).reshape(len(rows), *shape(seq_len, max_predictions))
-            f.create_dataset(key, data=data, dtype=dtype, compression='gzip')
+            # gzip as NVIDIA's shards; Fletcher-32 and fill -1 as every shard we write (a flipped bit or lost chunk fails the read)
+            f.create_dataset(key, data=data, dtype=dtype, compression='gzip', fletcher32=True, fillvalue=-1)
     tmp.replace(path)
     return path
 
@@ -169,3 +170,30 @@ def train_wordpiece(texts, out_dir, vocab_size: int = 2000, lowercase: bool = Tr
                             special_tokens=['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'])
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     return Path(tok.save_model(str(out_dir))[0])
+
+# %% ../../nbs/api/19_bert_corpus.ipynb #0e3c5294
+def _read_documents(path) -> list:
+    import json
+    p = Path(path)
+    if p.suffix == '.jsonl': return [json.loads(line)['text'] for line in p.open(encoding='utf-8') if line.strip()]
+    return [d for d in p.read_text(encoding='utf-8').split('\n\n') if d.strip()]
+
+def main(argv=None) -> int:
+    "Command line: raw text → seed-3 HDF5 shards."
+    import argparse, sys
+    ap = argparse.ArgumentParser(prog='python -m nxpretrain.data.bert_corpus', description=write_bert_corpus.__doc__)
+    ap.add_argument('input'); ap.add_argument('vocab'); ap.add_argument('out_dir')
+    ap.add_argument('--seq-len', type=int, default=128); ap.add_argument('--max-predictions', type=int, default=20)
+    ap.add_argument('--dupe-factor', type=int, default=10); ap.add_argument('--per-shard', type=int, default=100_000)
+    ap.add_argument('--seed', type=int, default=12345); ap.add_argument('--cased', action='store_true')
+    a = ap.parse_args(argv)
+    try:
+        shards = write_bert_corpus(_read_documents(a.input), a.vocab, a.out_dir, a.seq_len, a.max_predictions, a.dupe_factor,
+                                   per_shard=a.per_shard, seed=a.seed, lowercase=not a.cased)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr); return 2
+    print('\n'.join(map(str, shards)))
+    return 0
+
+# %% ../../nbs/api/19_bert_corpus.ipynb #8a79d743
+if __name__ == '__main__': raise SystemExit(main())

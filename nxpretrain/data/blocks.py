@@ -85,14 +85,46 @@ class BertDataset:
 # %% ../../nbs/api/16_blocks_bert.ipynb #a97f6aa2
 HDF5_KEYS = ('input_ids', 'input_mask', 'segment_ids', 'masked_lm_positions', 'masked_lm_ids', 'next_sentence_labels')
 
+def _check_bert_arrays(path, a: dict, vocab_size: int | None) -> None:
+    "Shapes and value ranges of a seed-3 shard's arrays; a DataError names the first problem."
+    fix = 'the shard is corrupt or not a seed-3 shard: copy or make it again'
+    for k, v in a.items():
+        if not np.issubdtype(v.dtype, np.integer): raise DataError(f'{path}: {k} has dtype {v.dtype}, not integers; {fix}')
+    n, want_dims = len(a['input_ids']), dict(input_ids=2, input_mask=2, segment_ids=2, masked_lm_positions=2, masked_lm_ids=2, next_sentence_labels=1)
+    for k, dims in want_dims.items():
+        if a[k].ndim != dims or len(a[k]) != n: raise DataError(f'{path}: {k} has shape {a[k].shape}, expected {dims} dimensions and {n} samples; {fix}')
+    if a['input_mask'].shape != a['input_ids'].shape or a['segment_ids'].shape != a['input_ids'].shape or a['masked_lm_ids'].shape != a['masked_lm_positions'].shape:
+        raise DataError(f'{path}: array shapes disagree ({ {k: v.shape for k, v in a.items()} }); {fix}')
+    for k in ('input_mask', 'segment_ids', 'next_sentence_labels'):
+        if a[k].size and not np.isin(a[k], (0, 1)).all(): raise DataError(f'{path}: {k} holds values other than 0 and 1; {fix}')
+    pos = a['masked_lm_positions']
+    if pos.size and (pos.min() < 0 or pos.max() >= a['input_ids'].shape[1]): raise DataError(f'{path}: masked_lm_positions outside the sequence; {fix}')
+    for k in ('input_ids', 'masked_lm_ids'):
+        if a[k].size and (a[k].min() < 0 or (vocab_size is not None and a[k].max() >= vocab_size)):
+            raise DataError(f'{path}: {k} outside the vocabulary [0, {vocab_size}); {fix}')
+
+def _check_chunks(path, dset) -> None:
+    "Every chunk of a chunked dataset is there: HDF5 reads a chunk whose address was damaged as fill values, silently."
+    if dset.chunks is None or dset.size == 0: return
+    import itertools
+    starts = itertools.product(*(range(0, n, c) for n, c in zip(dset.shape, dset.chunks)))
+    missing = sum(dset.id.get_chunk_info_by_coord(c).byte_offset is None for c in starts)
+    if missing: raise DataError(f'{path}: {dset.name[1:]} misses {missing} chunk(s) (a damaged chunk index); the shard is corrupt: copy or make it again')
+
 class BertHDF5Dataset:
-    "Items of one seed-3 BERT HDF5 shard."
-    def __init__(self, path: str | Path):
+    "Items of one seed-3 BERT HDF5 shard, checked when opened."
+    def __init__(self, path: str | Path, vocab_size: int | None = None):
         import h5py
-        with h5py.File(path, 'r') as f:
-            missing = [k for k in HDF5_KEYS if k not in f]
-            if missing: raise DataError(f'{path}: not a BERT pretraining shard, missing keys {missing}')
-            self.arrays = {k: np.asarray(f[k][:]) for k in HDF5_KEYS}
+        try:
+            with h5py.File(path, 'r') as f:
+                missing = [k for k in HDF5_KEYS if k not in f]
+                if missing: raise DataError(f'{path}: not a BERT pretraining shard, missing keys {missing}')
+                for k in HDF5_KEYS: _check_chunks(path, f[k])
+                self.arrays = {k: np.asarray(f[k][:]) for k in HDF5_KEYS}
+        except DataError: raise
+        except Exception as e:   # h5py raises OSError, KeyError, ValueError, RuntimeError … on damaged files
+            raise DataError(f'{path}: unreadable HDF5 ({type(e).__name__}: {str(e)[:150]}); the shard is truncated or corrupt: copy or make it again') from None
+        _check_bert_arrays(path, self.arrays, vocab_size)
     def __len__(self): return len(self.arrays['input_ids'])
     def __getitem__(self, k: int) -> dict:
         import torch
@@ -116,7 +148,8 @@ def write_bert_hdf5(path: str | Path, samples, max_predictions: int = 20) -> Pat
         for k, v in zip(HDF5_KEYS, (s['input_ids'].numpy(), s['attention_mask'].numpy(), s['token_type_ids'].numpy(), p, i,
                                     int(s['next_sentence_label']))): rows[k].append(v)
     with h5py.File(path, 'w') as f:
-        for k, v in rows.items(): f.create_dataset(k, data=np.asarray(v, np.int32 if k != 'next_sentence_labels' else np.int8))
+        for k, v in rows.items():   # Fletcher-32: a flipped bit fails the read; -1 (out of every range) where a chunk is lost
+            f.create_dataset(k, data=np.asarray(v, np.int32 if k != 'next_sentence_labels' else np.int8), fletcher32=True, fillvalue=-1)
     return Path(path)
 
 # %% ../../nbs/api/16_blocks_bert.ipynb #d78ed062
@@ -144,7 +177,7 @@ def build_bert_datasets(source: str, seq_len: int, split: str, seed: int, specia
     from nxpretrain.data.gpt_dataset import parse_split, split_ranges
     if shards := bert_hdf5_shards(source):
         import torch.utils.data as tud
-        whole = tud.ConcatDataset([BertHDF5Dataset(p) for p in shards])
+        whole = tud.ConcatDataset([BertHDF5Dataset(p, vocab_size) for p in shards])
         return tuple(None if r is None else tud.Subset(whole, range(*r)) for r in split_ranges(split, len(whole)))
     ends = np.cumsum([0.0] + parse_split(split))
     return tuple(None if hi - lo <= 0 else BertDataset(source, seq_len, *special, vocab_size, seed=seed, part=(lo, hi))

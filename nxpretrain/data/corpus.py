@@ -40,15 +40,23 @@ class LineStats:
     empty: int = 0            # good lines whose text is empty
     chars: int = 0
     bytes: int = 0
+    blank: int = 0            # whitespace-only lines (neither documents nor errors)
     examples: list = field(default_factory=list)  # first few 'file:byte N: reason'
+    log: object = field(default=None, repr=False, compare=False)  # a text file that gets every 'file:byte N: reason'
 
     def add_bad(self, where: str, why: str, strict: bool):
         if strict: raise DataError(f'{where}: {why} (strict mode; fix the line or run without strict to skip bad lines)')
         self.bad += 1
         if len(self.examples) < 5: self.examples.append(f'{where}: {why}')
+        if self.log is not None: self.log.write(f'{where}: {why}\n')
+
+    def counts(self) -> dict:
+        "The counters (and examples) as a plain dict, for a manifest record."
+        keys = ('documents', 'bad', 'empty', 'chars', 'bytes', 'blank', 'examples')
+        return {k: getattr(self, k) for k in keys}
 
     def merge(self, o: 'LineStats'):
-        for k in ('documents', 'bad', 'empty', 'chars', 'bytes'): setattr(self, k, getattr(self, k) + getattr(o, k))
+        for k in ('documents', 'bad', 'empty', 'chars', 'bytes', 'blank'): setattr(self, k, getattr(self, k) + getattr(o, k))
         self.examples = (self.examples + o.examples)[:5]
         return self
 
@@ -61,6 +69,11 @@ def parse_line(line: bytes, key: str, where: str, stats: LineStats, strict: bool
     if not isinstance(obj, dict) or key not in obj: return stats.add_bad(where, f'no "{key}" key (use json_key=... to pick another)', strict)
     text = obj[key]
     if not isinstance(text, str): return stats.add_bad(where, f'"{key}" is {type(text).__name__}, not a string', strict)
+    if b'\\ud' in line or b'\\uD' in line:   # only a \uD800–\uDFFF escape can put a surrogate into the text
+        try: text.encode('utf-8')
+        except UnicodeEncodeError as e:
+            why = f'"{key}" is not encodable text: lone surrogate U+{ord(text[e.start]):04X} at character {e.start} (an unpaired \\u escape)'
+            return stats.add_bad(where, why, strict)
     stats.documents += 1; stats.chars += len(text); stats.bytes += len(line)
     if not text: stats.empty += 1
     return text
@@ -118,6 +131,7 @@ def iter_jsonl(path: str | Path, key: str = 'text', stats: LineStats | None = No
             if line.strip():
                 text = parse_line(line, key, f'{path}:byte {pos}', stats, strict)
                 if text is not None: yield text
+            else: stats.blank += 1
             pos += n
 
 # %% ../../nbs/api/10_corpus.ipynb #b8a2f8f1

@@ -4,15 +4,16 @@
 
 # %% ../../nbs/api/14_prepare.ipynb #c95a4731
 from __future__ import annotations
-import itertools, json, os, time, multiprocessing as mp
+import itertools, json, os, shutil, sys, time, multiprocessing as mp
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 from ..errors import DataError
 from .corpus import LineStats, iter_jsonl, line_ranges, demo_documents, write_jsonl, extract_zst
-from .indexed import IndexedWriter, IndexedDataset, merge_datasets, token_dtype, check_tokens
+from .indexed import IndexedWriter, IndexedDataset, merge_datasets, token_dtype, check_tokens, SIDECAR
 from .tokenizers import get_tokenizer, demo_tokenizer
+from .cuts import encode_whole
 
 # %% auto #0
 __all__ = ['CORPORA', 'STAGES', 'encode_documents', 'TokenizeTask', 'run_task', 'tokenize_files', 'record', 'done',
@@ -20,25 +21,14 @@ __all__ = ['CORPORA', 'STAGES', 'encode_documents', 'TokenizeTask', 'run_task', 
            'prepare', 'prepare_demo', 'ensure_dataset', 'main']
 
 # %% ../../nbs/api/14_prepare.ipynb #25acc0a5
-def _cut_points(text: str, max_chars: int) -> list[int]:
-    cuts, a = [0], 0
-    while len(text) - a > max_chars:
-        b = text.rfind(' ', a + max_chars // 2, a + max_chars)
-        while b > a and (text[b - 1].isspace() or not text[b + 1:b + 2].isalpha()): b = text.rfind(' ', a + 1, b)
-        a = b if b > a else a + max_chars
-        cuts.append(a)
-    return cuts + [len(text)]
-
 def encode_documents(tok, texts: list[str], max_chars: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
-    "Concatenated token ids (+EOD per non-empty document) and per-document lengths of a batch of texts."
-    long = [i for i, t in enumerate(texts) if len(t) > max_chars]
-    ids = tok.encode_batch([t if len(t) <= max_chars else '' for t in texts])
-    for i in long:
-        c = _cut_points(texts[i], max_chars)
-        ids[i] = list(itertools.chain.from_iterable(tok.encode_batch([texts[i][a:b] for a, b in zip(c, c[1:])])))
-    eod = tok.eod_id
+    "Concatenated token ids (+EOD per document with tokens) and per-document lengths of a batch of texts."
+    long = {i for i, t in enumerate(texts) if len(t) > max_chars}
+    ids = tok.encode_batch([t if i not in long else '' for i, t in enumerate(texts)])
+    for i in long: ids[i] = encode_whole(tok, texts[i], max_chars).tolist()
+    eod = (tok.eod_id,)
     lengths = np.fromiter((len(x) + 1 if x else 0 for x in ids), np.int64, len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(x + [eod] if x else x for x in ids), np.int64, int(lengths.sum()))
+    flat = np.fromiter(itertools.chain.from_iterable(itertools.chain(x, eod) if x else x for x in ids), np.int64, int(lengths.sum()))
     return flat, lengths
 
 # %% ../../nbs/api/14_prepare.ipynb #f5610172
@@ -65,27 +55,41 @@ def _init_worker(counter):
 def run_task(task: TokenizeTask, on_bytes=None) -> dict:
     "Tokenize `task.path[start:end]` into the shard `task.out_prefix`; returns its statistics."
     tok = get_tokenizer(task.tokenizer, task.cache_dir)
-    st, t0 = LineStats(), time.time()
-    lines = iter_jsonl(task.path, task.key, st, task.strict, task.start, task.end)
-    with IndexedWriter(task.out_prefix, token_dtype(tok.vocab_size), tok.vocab_size) as w:
-        done = 0
-        while batch := list(itertools.islice(lines, task.batch)):
-            w.add_documents(*encode_documents(tok, batch))
-            if on_bytes or _progress is not None:
-                n, done = st.bytes - done, st.bytes
-                if on_bytes: on_bytes(n)
-                else:
-                    with _progress.get_lock(): _progress.value += n
-        tokens = w.num_tokens
-    return dict(asdict(st), tokens=tokens, seconds=time.time() - t0)
+    t0 = time.time()
+    Path(task.out_prefix).parent.mkdir(parents=True, exist_ok=True)
+    with open(task.out_prefix + '.bad.txt', 'w', encoding='utf-8') as log:
+        st = LineStats(log=log)
+        lines = iter_jsonl(task.path, task.key, st, task.strict, task.start, task.end)
+        with IndexedWriter(task.out_prefix, token_dtype(tok.vocab_size), tok.vocab_size) as w:
+            done = 0
+            while batch := list(itertools.islice(lines, task.batch)):
+                w.add_documents(*encode_documents(tok, batch))
+                if on_bytes or _progress is not None:
+                    n, done = st.bytes - done, st.bytes
+                    if on_bytes: on_bytes(n)
+                    else:
+                        with _progress.get_lock(): _progress.value += n
+            tokens = w.num_tokens
+    return dict(st.counts(), tokens=tokens, seconds=time.time() - t0)
 
 # %% ../../nbs/api/14_prepare.ipynb #5c7baffe
+def _merge_reports(parts: list, out: str, bad: int) -> str | None:
+    "Concatenate the shards' bad-line reports into `out` (none when no line was bad); returns its path."
+    if bad:
+        with open(out + '.part', 'wb') as fo:
+            for p in parts:
+                with open(p, 'rb') as fi: shutil.copyfileobj(fi, fo)
+        os.replace(out + '.part', out)
+    for p in parts: Path(p).unlink(missing_ok=True)
+    return out if bad else None
+
+# %% ../../nbs/api/14_prepare.ipynb #f2086385
 def tokenize_files(inputs: list, # .jsonl / .jsonl.zst files, in output order
                    out_prefix: str | Path, # writes <out_prefix>.bin/.idx
                    tokenizer: str = 'demo', workers: int = 1, cache_dir: str = 'runs/data', key: str = 'text',
                    strict: bool = False, # make the first bad line fatal
                    progress: bool = True) -> dict:
-    "Tokenize JSONL files into one indexed dataset; returns documents/tokens/bytes/bad/seconds statistics."
+    "Tokenize JSONL files into one indexed dataset; returns documents/tokens/bytes/bad/blank/seconds statistics."
     t0, out_prefix = time.time(), str(out_prefix)
     for p in inputs:
         if not Path(p).exists(): raise DataError(f'{p}: input file missing')
@@ -103,18 +107,26 @@ def tokenize_files(inputs: list, # .jsonl / .jsonl.zst files, in output order
         else:
             counter = mp.get_context('fork').Value('q', 0)
             with mp.get_context('fork').Pool(workers, _init_worker, (counter,)) as pool:
-                res = pool.map_async(run_task, tasks, chunksize=1)
-                while not res.ready():
-                    res.wait(0.2); bar.n = counter.value; bar.refresh()
-                results = res.get()
+                ordered, results = pool.imap(run_task, tasks, chunksize=1), []
+                while len(results) < len(tasks):   # in task order: a strict run names the first bad line of the file
+                    try: results.append(ordered.next(timeout=0.2))
+                    except mp.TimeoutError: pass
+                    bar.n = counter.value; bar.refresh()
     except BaseException:
         for t in tasks:
-            for s in ('.bin', '.idx', '.bin.part', '.idx.part'): Path(t.out_prefix + s).unlink(missing_ok=True)
+            for s in ('.bin', '.idx', '.bin.part', '.idx.part', '.bad.txt', SIDECAR): Path(t.out_prefix + s).unlink(missing_ok=True)
         raise
     finally: bar.close()
-    merge_datasets([t.out_prefix for t in tasks], out_prefix, remove=True)
-    stats = {k: sum(r[k] for r in results) for k in ('documents', 'bad', 'empty', 'chars', 'bytes', 'tokens')}
+    stats = {k: sum(r[k] for r in results) for k in ('documents', 'bad', 'blank', 'empty', 'chars', 'bytes', 'tokens')}
     stats['examples'] = [e for r in results for e in r['examples']][:5]
+    stats['bad_report'] = _merge_reports([t.out_prefix + '.bad.txt' for t in tasks], out_prefix + '.bad.txt', stats['bad'])
+    if not stats['tokens']:   # an empty .bin is no dataset: megatron-core cannot even map it
+        for t in tasks:
+            for s in ('.bin', '.idx', SIDECAR): Path(t.out_prefix + s).unlink(missing_ok=True)
+        where = f"; the bad lines are listed in {stats['bad_report']}" if stats['bad'] else ''
+        raise DataError(f"{', '.join(map(str, inputs))}: no document has tokens ({stats['documents']} documents, {stats['bad']} bad lines, "
+                        f"{stats['blank']} blank lines){where}; check the input and its text key (now {key!r})")
+    merge_datasets([t.out_prefix for t in tasks], out_prefix, remove=True)
     stats['seconds'] = time.time() - t0
     return stats
 
@@ -236,6 +248,8 @@ def run_stage(recipe: CorpusRecipe, stage: str, root: str | Path = 'runs/data', 
             src = cdir / 'chunks' / f'{unit}.jsonl' if recipe.chunks else _local(recipe, root, unit)
             prefix = _prefix(recipe, root, tokenizer, unit)
             info = dict(prefix=prefix, **tokenize_files([src], prefix, tokenizer, workers, str(root), recipe.key, strict, progress))
+            if info['bad']:   # said once, on stderr: the run goes on without those lines
+                print(f"{src}: {info['bad']} bad line(s) skipped, first: {info['examples'][0]}; all in {info['bad_report']}", file=sys.stderr)
         record(cdir, name, **{'seconds': time.time() - t0, **info})
         out.append(done(cdir, name))
     return out

@@ -11,7 +11,7 @@ from ..errors import DataError
 
 # %% auto #0
 __all__ = ['SHA256_META', 'split_url', 's3_client', 'explain', 'file_sha256', 'etag_of', 'verify', 'download', 'upload',
-           'list_objects', 'sync', 'upload_dir']
+           'list_objects', 'sync', 'upload_dir', 'main']
 
 # %% ../../nbs/api/17_s3.ipynb #35826df6
 def split_url(url: str) -> tuple[str, str]:
@@ -118,17 +118,64 @@ def verify(path, url: str, size: int, etag: str = '', sha256: str | None = None,
 
 # %% ../../nbs/api/17_s3.ipynb #ae018982
 def _transient():
-    "Exceptions of a broken transfer (retry from the bytes on disk)."
+    "Exceptions of a broken transfer (retry the part)."
     import urllib3.exceptions
     from botocore.exceptions import (IncompleteReadError, ReadTimeoutError, ConnectionClosedError, EndpointConnectionError,
                                      ResponseStreamingError)
     return (IncompleteReadError, ReadTimeoutError, ConnectionClosedError, EndpointConnectionError, ResponseStreamingError,
             urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
 
-def download(url: str, dest, anonymous: bool = False, sha256: str | None = None, endpoint_url: str | None = None,
-             retries: int = 5, chunk: int = 1 << 20, progress: bool = True, client=None) -> Path:
-    "Download S3 object `url` to `dest`, resuming a `.part` file; verify size and checksum (see `verify`)."
+class _ObjectChanged(Exception): pass
+
+def _resume_state(part: Path, info: Path, url: str, etag: str, size: int, part_size: int) -> dict:
+    "The parts already fetched by an earlier run of the same object version; a fresh, preallocated `.part` otherwise."
+    try: state = json.loads(info.read_text())
+    except (OSError, ValueError): state = {}
+    same = state.get('etag') == etag and state.get('size') == size and state.get('part_size') == part_size
+    if same and part.exists() and part.stat().st_size == size: return state
+    with open(part, 'wb') as f: f.truncate(size)
+    state = {'url': url, 'etag': etag, 'size': size, 'part_size': part_size, 'done': []}
+    info.write_text(json.dumps(state))
+    return state
+
+def _fetch_parts(client, url: str, part: Path, info: Path, state: dict, bar, retries: int, concurrency: int, chunk: int, anonymous: bool):
+    "Fetch the parts of `state` not yet done, in parallel, recording each one done."
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
     from botocore.exceptions import ClientError
+    bucket, key = split_url(url)
+    size, ps, etag = state['size'], state['part_size'], state['etag']
+    done, lock = set(state['done']), threading.Lock()
+    todo = [i for i in range(-(-size // ps)) if i not in done]
+    def fetch(i: int):
+        lo, hi = i * ps, min(size, (i + 1) * ps) - 1
+        for attempt in range(retries + 1):
+            got = 0
+            try:
+                extra = {'IfMatch': etag} if etag else {}
+                body = client.get_object(Bucket=bucket, Key=key, Range=f'bytes={lo}-{hi}', **extra)['Body']
+                with open(part, 'r+b') as f:
+                    f.seek(lo)
+                    for b in body.iter_chunks(chunk): f.write(b); got += len(b); bar.update(len(b))
+                if got != hi - lo + 1: raise ConnectionError(f'{got} of {hi - lo + 1} bytes')
+                with lock:
+                    done.add(i)
+                    info.write_text(json.dumps({**state, 'done': sorted(done)}))
+                return
+            except ClientError as e:
+                if e.response.get('Error', {}).get('Code') in ('PreconditionFailed', '412'): raise _ObjectChanged() from None
+                raise explain(e, url, anonymous) from None
+            except _transient() as e:
+                bar.update(-got)
+                if attempt == retries:
+                    raise DataError(f"{url}: bytes {lo}-{hi} failed after {retries + 1} attempts ({e.__class__.__name__}); run again to resume from {part}") from None
+                time.sleep(min(0.1 * 2 ** attempt, 5))
+    with ThreadPoolExecutor(max(1, concurrency)) as pool: list(pool.map(fetch, todo))
+
+def download(url: str, dest, anonymous: bool = False, sha256: str | None = None, endpoint_url: str | None = None,
+             retries: int = 5, part_size: int = 16 << 20, concurrency: int = 8, chunk: int = 1 << 20,
+             progress: bool = True, client=None) -> Path:
+    "Download S3 object `url` to `dest` in parallel ranges, resuming a `.part` file; verify size and checksum (see `verify`)."
     dest = Path(dest)
     client = client or s3_client(anonymous, endpoint_url)
     head = _head(client, url, anonymous)
@@ -136,29 +183,18 @@ def download(url: str, dest, anonymous: bool = False, sha256: str | None = None,
     if dest.exists() and dest.stat().st_size == size: return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part, info = dest.with_name(dest.name + '.part'), dest.with_name(dest.name + '.part.json')
-    if part.exists() and (not info.exists() or json.loads(info.read_text()).get('etag') != etag): part.unlink()   # another version
-    info.write_text(json.dumps({'url': url, 'etag': etag, 'size': size}))
-    bucket, key = split_url(url)
-    with tqdm(total=size, unit='B', unit_scale=True, desc=dest.name, disable=not progress) as bar:
-        for attempt in range(retries + 1):
-            have = part.stat().st_size if part.exists() else 0
-            bar.n = have; bar.refresh()
-            if have >= size: break
+    for fresh in (False, True):
+        if fresh: info.unlink(missing_ok=True)             # the object changed under us: start over, once
+        state = _resume_state(part, info, url, etag, size, part_size)
+        have = sum(min(part_size, size - i * part_size) for i in state['done'])
+        with tqdm(total=size, initial=have, unit='B', unit_scale=True, desc=dest.name, disable=not progress) as bar:
             try:
-                extra = {'Range': f'bytes={have}-', 'IfMatch': etag} if have else ({'IfMatch': etag} if etag else {})
-                body = client.get_object(Bucket=bucket, Key=key, **extra)['Body']
-                with open(part, 'ab' if have else 'wb') as f:
-                    for b in body.iter_chunks(chunk): f.write(b); bar.update(len(b))
-                if part.stat().st_size >= size: break
-                err = ConnectionError('connection closed early')
-            except ClientError as e:
-                if e.response.get('Error', {}).get('Code') in ('PreconditionFailed', '412'):
-                    part.unlink(missing_ok=True); err = e; continue   # the object changed under us: start over
-                raise explain(e, url, anonymous) from None
-            except _transient() as e: err = e
-            if attempt == retries:
-                raise DataError(f"{url}: download failed after {retries + 1} attempts ({err.__class__.__name__}); run again to resume from {part}")
-            time.sleep(min(0.1 * 2 ** attempt, 5))
+                _fetch_parts(client, url, part, info, state, bar, retries, concurrency, chunk, anonymous)
+                break
+            except _ObjectChanged:
+                if fresh: raise DataError(f"{url}: the object changes while it is downloaded; try again later") from None
+                head = _head(client, url, anonymous)
+                size, etag, meta = head['ContentLength'], head.get('ETag', ''), head.get('Metadata', {})
     verify(part, url, size, etag, sha256, meta)
     os.replace(part, dest); info.unlink(missing_ok=True)
     return dest
@@ -250,3 +286,32 @@ def upload_dir(folder, url: str, last: tuple = (), anonymous: bool = False, endp
         urls.append(url.rstrip('/') + '/' + p.relative_to(folder).as_posix())
         upload(p, urls[-1], anonymous, endpoint_url, progress=False, client=client, **kw)
     return urls
+
+# %% ../../nbs/api/17_s3.ipynb #2a0e3402
+def main(argv=None) -> int:
+    "Command line: cp (either direction), sync, ls."
+    import argparse
+    ap = argparse.ArgumentParser(prog='python -m nxpretrain.data.s3', description='S3 copies with resume and checksums')
+    ap.add_argument('command', choices=('cp', 'sync', 'ls'))
+    ap.add_argument('src'); ap.add_argument('dest', nargs='?')
+    ap.add_argument('--no-sign-request', action='store_true', help='anonymous access (public buckets)')
+    ap.add_argument('--endpoint-url', default=None); ap.add_argument('--sha256', default=None)
+    ap.add_argument('--no-s5cmd', action='store_true'); ap.add_argument('--no-progress', action='store_true')
+    a = ap.parse_args(argv)
+    kw = dict(anonymous=a.no_sign_request, endpoint_url=a.endpoint_url)
+    try:
+        if a.command == 'ls':
+            for key, size, _ in list_objects(a.src, **kw): print(f"{size:>14}  s3://{split_url(a.src)[0]}/{key}")
+        elif a.command == 'sync':
+            print(f"{len(sync(a.src, a.dest or '.', use_s5cmd=False if a.no_s5cmd else None, progress=not a.no_progress, **kw))} files under {a.dest or '.'}")
+        elif a.src.startswith('s3://'):
+            dest = Path(a.dest or '.')
+            if dest.is_dir() or str(a.dest or '').endswith('/'): dest = dest / split_url(a.src)[1].rsplit('/', 1)[-1]
+            print(download(a.src, dest, sha256=a.sha256, progress=not a.no_progress, **kw))
+        else: print(upload(a.src, a.dest, progress=not a.no_progress, **kw))
+    except DataError as e:
+        print(f"error: {e}", file=__import__('sys').stderr); return 2
+    return 0
+
+# %% ../../nbs/api/17_s3.ipynb #aa985ed7
+if __name__ == '__main__': raise SystemExit(main())

@@ -8,7 +8,9 @@ import dataclasses, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from ..recipes import Recipe, RecipeError, get_recipe, override, problems
-from .job import (Job, make_job, submit, wait, tail, run_local, have_slurm, resolve_cluster, log_path)
+from .job import Job, make_job, resolve_cluster
+from .launcher import get_launcher
+from .local import run_local
 from .nxdt import export_nxdt, parse_compile_log
 from .watch import ProgressReader
 
@@ -83,7 +85,6 @@ def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', ov
     if not rep.fits:
         rep.reason = 'the model does not fit the device: change the layout first'; show(rep); return rep
     rep.cache_env = cache_env(cache_dir or out_dir / 'compile-cache', prof.backend)
-    use_slurm = bool(cluster) and (submit_job if submit_job is not None else have_slurm())
     local = not cluster and prof.name == 'local' and r.cluster.nodes == 1
     if prof.backend == 'xla':
         rep.job = export_nxdt(r, out_dir, cache_url=rep.cache_env['NEURON_COMPILE_CACHE_URL'])['compile']
@@ -93,16 +94,17 @@ def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', ov
         rep.job = make_job(r, None, out_dir, overrides=short, entry=entry, kind='preflight', env=rep.cache_env)
     if local:
         res = run_local(rep.job, echo=False, env=rep.cache_env)
-        rep.action, rep.returncode, rep.log = 'ran', res.returncode, res.log
-    elif use_slurm:
-        rep.job_id, rep.action = submit(rep.job), 'submitted'
-        rep.log = log_path(rep.job_id)
+        rep.action, rep.returncode, rep.log = 'ran', res.exit_code, res.log
+    elif cluster and (submit_job if submit_job is not None else not get_launcher(rep.job.scheduler).reachable()):
+        ln = get_launcher(rep.job.scheduler)
+        rep.job_id, rep.action = ln.submit(rep.job), 'submitted'
+        rep.log = ln.log_path(rep.job_id)
         if wait_s:
-            st = wait(rep.job_id, timeout=wait_s)
-            rep.returncode = 0 if st['state'] == 'COMPLETED' else 1
-            rep.log = st.get('log') or rep.log
+            st = ln.wait(rep.job_id, timeout=wait_s)
+            rep.returncode = 0 if st.state == 'COMPLETED' else 1
+            rep.log = st.log or rep.log
     else:
-        rep.reason = (f"no Slurm cluster given: the {rep.mode} job is written to {rep.job.script_path}; run this stage on the head "
+        rep.reason = (f"no cluster given: the {rep.mode} job is written to {rep.job.script_path}; run this stage on the head "
                       f"node with a cluster (e.g. -p cluster {prof.name}) to submit it")
         show(rep); return rep
     if rep.log and Path(rep.log).exists():

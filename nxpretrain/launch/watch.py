@@ -6,7 +6,7 @@
 from __future__ import annotations
 import os, re, sys, time
 from pathlib import Path
-from .job import END_STATES, log_path, status
+from .launcher import END_STATES, log_path, status
 
 # %% auto #0
 __all__ = ['parse_progress', 'ProgressReader', 'interactive', 'describe', 'watch', 'plot_progress', 'where_logs']
@@ -80,8 +80,8 @@ def describe(p: dict) -> str:
 
 # %% ../../nbs/api/51_watch.ipynb #5f5b1ad0
 def watch(job, timeout: float = 3600, every: float = 10, poll: float = 1.0, widgets: bool | None = None) -> ProgressReader:
-    "Follow `job` (a Slurm job id, or a log path) until it ends; show live progress. Returns the reader with every row."
-    is_log = isinstance(job, Path) or (isinstance(job, str) and not re.fullmatch(r'\d+(_\d+)?', job))
+    "Follow `job` (a job id of any scheduler, or a log path) until it ends; show live progress. Returns the reader with every row."
+    is_log = isinstance(job, Path) or (isinstance(job, str) and os.sep in job)   # a job id has no slash
     path = Path(job) if is_log else None
     t0, last_print, bar, rd = time.time(), 0.0, None, None
     widgets = interactive() if widgets is None else widgets
@@ -89,7 +89,7 @@ def watch(job, timeout: float = 3600, every: float = 10, poll: float = 1.0, widg
         if path is None and (lp := log_path(job)): path = Path(lp)
         if path is not None and rd is None: rd = ProgressReader(path)
         new = rd.read() if rd else []
-        state = 'LOG' if is_log else status(job)['state']
+        state = 'LOG' if is_log else str(status(job).state)
         if new and widgets:
             if bar is None:
                 import ipywidgets as w

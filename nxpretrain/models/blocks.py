@@ -4,14 +4,15 @@
 
 # %% ../../nbs/api/21_blocks.ipynb #2bc6aedc
 from __future__ import annotations
-import math
+import math, zlib
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['SDPA', 'rope_inv_freq', 'rope_cos_sin', 'rotate_half', 'apply_rope', 'Attention', 'RMSNorm', 'GeluMLP', 'SwiGLU',
-           'TransformerBlock', 'init_params', 'count_parameters', 'LanguageModel']
+__all__ = ['RESIDUAL_OUTPUTS', 'SDPA', 'rope_inv_freq', 'rope_cos_sin', 'rotate_half', 'apply_rope', 'Attention', 'RMSNorm',
+           'GeluMLP', 'SwiGLU', 'TransformerBlock', 'param_seed', 'initial_value', 'init_params', 'count_parameters',
+           'LanguageModel']
 
 # %% ../../nbs/api/21_blocks.ipynb #117d10ad
 class SDPA(nn.Module):
@@ -133,18 +134,37 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.ffn_norm(x))
 
 # %% ../../nbs/api/21_blocks.ipynb #91c9a794
+def param_seed(seed: int, name: str) -> int:
+    "The generator seed of parameter `name` (its name in the whole model) for run seed `seed`."
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**62
+
+# %% ../../nbs/api/21_blocks.ipynb #993378f3
+RESIDUAL_OUTPUTS = ('attention.wo', 'mlp.w2')   # write into the residual stream: scaled by 1/√(2·layers)
+
 @torch.no_grad()
-def init_params(module: nn.Module, std: float, n_layers: int):
-    "Initialise every parameter under `module` in place (GPT-2/Megatron scaled init)."
-    out_std = std / math.sqrt(2 * n_layers)
-    for name, m in module.named_modules():
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, 0.0, out_std if name.endswith(('attention.wo', 'mlp.w2')) else std)
-            if m.bias is not None: nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding): nn.init.normal_(m.weight, 0.0, std)
-        elif isinstance(m, (nn.LayerNorm, RMSNorm)):
-            nn.init.ones_(m.weight)
-            if getattr(m, 'bias', None) is not None: nn.init.zeros_(m.bias)
+def initial_value(module: nn.Module, name: str, shape, std: float, n_layers: int, seed: int,
+                  device=None) -> torch.Tensor:
+    "The initial fp32 value of parameter `name` (e.g. `layers.3.attention.wo.weight`) owned by `module`."
+    kind = name.rsplit('.', 1)[-1]
+    if isinstance(module, (nn.LayerNorm, RMSNorm)) and kind == 'weight':
+        return torch.ones(shape, device=device)
+    if kind == 'bias':
+        return torch.zeros(shape, device=device)
+    owner = name.rsplit('.', 1)[0]
+    scale = std / math.sqrt(2 * n_layers) if owner.endswith(RESIDUAL_OUTPUTS) else std
+    g = torch.Generator(device=device or 'cpu').manual_seed(param_seed(seed, name))
+    return torch.randn(shape, generator=g, device=device) * scale
+
+@torch.no_grad()
+def init_params(module: nn.Module, std: float, n_layers: int, seed: int = 0, prefix: str = '', aliases: dict | None = None):
+    """Initialise every parameter under `module` in place; `prefix` is `module`'s name in the whole model; `aliases` maps
+    a tied parameter's name to the name whose value it shares (`{'output.weight': 'tok_embeddings.weight'}`)."""
+    aliases = aliases or {}
+    for mname, m in module.named_modules():
+        for pname, p in m.named_parameters(recurse=False):
+            if p.is_meta: continue   # built on `meta`: nothing to fill until `to_empty()`
+            name = '.'.join(x for x in (prefix, mname, pname) if x)
+            p.copy_(initial_value(m, aliases.get(name, name), p.shape, std, n_layers, seed, p.device))
 
 # %% ../../nbs/api/21_blocks.ipynb #9232b836
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
@@ -164,10 +184,15 @@ class LanguageModel(nn.Module):
         if self.cfg.tie_embeddings and emb is not None and out is not None and out.weight is not emb.weight:
             out.weight = emb.weight
 
-    def init_weights(self):
-        "(Re)initialise all parameters, e.g. after `to_empty()` of a model built on the `meta` device."
+    def init_weights(self, seed: int = 0):
+        "(Re)initialise all parameters from `seed`, e.g. after `to_empty()` of a model built on the `meta` device."
         self.tie_weights()
-        init_params(self, self.cfg.init_std, self.cfg.n_layers)
+        init_params(self, self.cfg.init_std, self.cfg.n_layers, seed, aliases=self.tied_names)
+
+    @property
+    def tied_names(self) -> dict:
+        "{name: name of the parameter it shares} – the head's weight is the embedding's when `cfg.tie_embeddings`."
+        return {'output.weight': 'tok_embeddings.weight'} if self.cfg.tie_embeddings else {}
 
     def run_layers(self, h, rope=None, mask=None):
         "The blocks that this (stage of the) model holds, in order."

@@ -9,22 +9,24 @@ import torch, torch.distributed as dist
 from ..recipes import Recipe, get_recipe
 from ..models import build_model
 from .state import initialize_model_parallel, destroy_model_parallel
-from .engine import parallelize, token_loss_sum, _loss_fn, dp_shard, param_groups, unreplicate_kv, kv_replicated_params, IGNORE_INDEX
+from ..recipes import padded_vocab
+from ..families import family
+from .engine import build_parallel_model, param_groups
+from .loss import LossCounts, pretraining_loss, IGNORE_INDEX
+from .data import dp_shard
+from .tensor import unreplicate_kv, kv_replicated_params
 
 # %% auto #0
-__all__ = ['TINY', 'NOISE_ONLY', 'TOLERANCE', 'tiny_recipe', 'tiny_batch', 'check_layout', 'assert_equal_to_reference']
+__all__ = ['NOISE_ONLY', 'TOLERANCE', 'tiny_recipe', 'tiny_batch', 'check_layout', 'assert_equal_to_reference']
 
 # %% ../../nbs/api/35_check.ipynb #7270c7eb
-TINY = {'gpt': 'gpt3_tiny', 'llama': 'llama3_tiny', 'bert': 'bert_tiny'}
-
 def tiny_recipe(arch: str = 'gpt', *overrides: str) -> Recipe:
     "A catalog tiny recipe shrunk for equality tests (fp32, no dropout, strong clipping so the clip path is exercised)."
     small = ['model.n_layers=2', 'model.hidden=32', 'model.n_heads=4', 'model.vocab_size=96', 'model.seq_len=16',
              'model.dropout=0.0', 'data.micro_batch=2', 'data.global_batch=8', 'parallel.precision=fp32',
              'optim.lr=0.01', 'optim.eps=1e-6', 'optim.warmup_steps=0', 'optim.clip_grad=0.5', 'optim.weight_decay=0.1', 'trainer.max_steps=3']
-    if arch == 'llama': small += ['model.ffn_hidden=64', 'model.n_kv_heads=2']
-    if arch == 'bert': small += ['model.max_position=16']
-    return get_recipe(TINY[arch], *small, *overrides)
+    base, family_overrides = family(arch).tiny   # the family's tiny catalog recipe and what it needs on top
+    return get_recipe(base, *small, *family_overrides, *overrides)
 
 def tiny_batch(recipe: Recipe, seed: int = 1, ignore_frac: float = 0.1):
     "Random (tokens, labels) of the global batch; a fraction of labels set to the ignore index."
@@ -33,7 +35,7 @@ def tiny_batch(recipe: Recipe, seed: int = 1, ignore_frac: float = 0.1):
     seq = torch.randint(0, m.vocab_size, (d.global_batch, m.seq_len + 1), generator=g)
     labels = seq[:, 1:].clone()
     labels[torch.rand(labels.shape, generator=g) < ignore_frac] = IGNORE_INDEX
-    if m.arch != 'bert': return seq[:, :-1].contiguous(), labels
+    if family(m.arch).objective == 'causal_lm': return seq[:, :-1].contiguous(), labels
     tokens = seq[:, :-1].contiguous()   # BERT: MLM labels on ~15 % of positions, two segments, padding at the end of half the rows
     labels = torch.where(torch.rand(tokens.shape, generator=g) < 0.15, seq[:, 1:], torch.full_like(tokens, IGNORE_INDEX))
     types = (torch.arange(m.seq_len) >= m.seq_len // 2).long().expand(d.global_batch, -1).contiguous()
@@ -41,10 +43,6 @@ def tiny_batch(recipe: Recipe, seed: int = 1, ignore_frac: float = 0.1):
     return tokens, labels, dict(nsp_labels=torch.randint(0, 2, (d.global_batch,), generator=g), token_types=types, attention_mask=mask)
 
 # %% ../../nbs/api/35_check.ipynb #ee119a32
-class _Counts:
-    "The normalisers `_loss_fn` reads, for the single-process reference."
-    def __init__(self, count, n_seqs): self._count, self._n_seqs, self.ignore_index = count, n_seqs, IGNORE_INDEX
-
 def _full(t): return t.full_tensor() if hasattr(t, 'full_tensor') else t
 
 def _rel(a, b) -> float: return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
@@ -60,9 +58,8 @@ def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed:
     r = tiny_recipe(arch, *overrides)
     p = r.parallel
     state = initialize_model_parallel(p.tp, p.pp, p.cp, 'cpu')
-    torch.manual_seed(seed)
-    model = build_model(r.model); ref = copy.deepcopy(model)
-    pm = parallelize(model, r, state)
+    ref = build_model(r.model, padded_vocab(r.model, p.tp), seed=seed)
+    pm = build_parallel_model(r, state, seed=seed)   # on meta, then this rank's shards: the same initial weights
     if sabotage == 'skip_reduce': pm.reduce_grads = lambda: None
     opt = pm.build_optimizer()
     o = r.optim
@@ -74,14 +71,15 @@ def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed:
         extra = extra[0] if extra else {}
         ref_opt.zero_grad()
         ref_inputs = {k: v for k, v in extra.items() if k != 'nsp_labels'}
-        loss = _loss_fn(_Counts(max((labels != IGNORE_INDEX).sum().item(), 1), labels.shape[0]))(ref(tokens, **ref_inputs), labels, extra.get('nsp_labels'))
+        counts = LossCounts(max((labels != IGNORE_INDEX).sum().item(), 1), labels.shape[0])
+        loss = pretraining_loss(ref(tokens, **ref_inputs), labels, counts, extra.get('nsp_labels'))
         loss.backward()
         out['ref_loss'].append(loss.item())
         out['ref_norm'].append(torch.nn.utils.clip_grad_norm_(ref.parameters(), o.clip_grad).item())
         ref_opt.step()
         t0 = time.perf_counter()
         opt.zero_grad()
-        out['loss'].append(pm.forward_backward(dp_shard(tokens, state), dp_shard(labels, state), **{k: dp_shard(v, state) for k, v in extra.items()}))
+        out['loss'].append(float(pm.forward_backward(dp_shard(tokens, state), dp_shard(labels, state), **{k: dp_shard(v, state) for k, v in extra.items()})))
         if step == 0:   # gradients before clipping, against the reference's (clip_grad_norm_ above scaled them: undo)
             scale = min(1.0, o.clip_grad / (out['ref_norm'][0] + 1e-6))
             for name, q in pm.named_parameters():
@@ -90,7 +88,7 @@ def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed:
                 if id(q) in kv: g = unreplicate_kv(g, *kv[id(q)])
                 out['grad_err'] = max(out['grad_err'], _rel(g, ref.get_parameter(name).grad / scale))
                 out.setdefault('grad_errs', {})[name] = _rel(g, ref.get_parameter(name).grad / scale)
-        out['norm'].append(pm.clip_grad_norm_(o.clip_grad))
+        out['norm'].append(float(pm.clip_grad_norm_(o.clip_grad)))
         opt.step()
         out['time'] += time.perf_counter() - t0
     for name, q in pm.named_parameters():

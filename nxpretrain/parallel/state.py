@@ -4,7 +4,7 @@
 
 # %% ../../nbs/api/30_state.ipynb #f0d6ff0d
 from __future__ import annotations
-import os, re, sys, logging, datetime, subprocess
+import contextlib, os, re, sys, logging, datetime, subprocess
 from dataclasses import dataclass
 import torch, torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -13,10 +13,10 @@ from ..recipes import Recipe, ParallelConfig, RecipeError, validate
 # %% auto #0
 __all__ = ['BACKENDS', 'MESH_DIMS', 'neuron_available', 'resolve_device', 'backend_for', 'LaunchEnv', 'launch_env',
            'ParallelState', 'layout_problems', 'initialize_model_parallel', 'destroy_model_parallel',
-           'model_parallel_is_initialized', 'get_state', 'init_distributed', 'get_tensor_model_parallel_group',
-           'get_tensor_model_parallel_size', 'get_tensor_model_parallel_rank', 'get_pipeline_model_parallel_group',
-           'get_pipeline_model_parallel_size', 'get_pipeline_model_parallel_rank', 'get_data_parallel_group',
-           'get_data_parallel_size', 'get_data_parallel_rank', 'get_context_parallel_group',
+           'model_parallel_is_initialized', 'get_state', 'start_process_group', 'init_distributed', 'parallel_session',
+           'get_tensor_model_parallel_group', 'get_tensor_model_parallel_size', 'get_tensor_model_parallel_rank',
+           'get_pipeline_model_parallel_group', 'get_pipeline_model_parallel_size', 'get_pipeline_model_parallel_rank',
+           'get_data_parallel_group', 'get_data_parallel_size', 'get_data_parallel_rank', 'get_context_parallel_group',
            'get_context_parallel_size', 'get_context_parallel_rank', 'get_tensor_model_parallel_ranks',
            'get_pipeline_model_parallel_ranks', 'get_data_parallel_ranks', 'get_context_parallel_ranks',
            'get_next_rank', 'get_prev_rank', 'is_pipeline_first_stage', 'is_pipeline_last_stage', 'get_logger']
@@ -139,6 +139,20 @@ def get_state() -> ParallelState:
     return _STATE
 
 # %% ../../nbs/api/30_state.ipynb #068b4cee
+def start_process_group(le: LaunchEnv, device: str, timeout_s: float = 600):
+    """The default process group of the launched world; a world of one needs no launcher and no port (an in-memory
+    store), so one process on a laptop runs the same engine as a job."""
+    if dist.is_initialized(): return
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device == 'cuda': torch.cuda.set_device(le.local_rank)
+    if le.world == 1:
+        dist.init_process_group(BACKENDS[device], store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        return
+    env = dict(MASTER_ADDR=le.master_addr, MASTER_PORT=str(le.master_port), RANK=str(le.rank),
+               WORLD_SIZE=str(le.world), LOCAL_RANK=str(le.local_rank))
+    for k, v in env.items(): os.environ.setdefault(k, v)
+    dist.init_process_group(BACKENDS[device], rank=le.rank, world_size=le.world, timeout=timeout)
+
 def init_distributed(recipe: Recipe | None = None, device: str | None = None, timeout_s: float = 600,
                      env: dict | None = None) -> ParallelState:
     "Validate `recipe` for the launched world, start the process group (torchrun or Slurm env) and build the mesh."
@@ -147,12 +161,23 @@ def init_distributed(recipe: Recipe | None = None, device: str | None = None, ti
     if recipe is not None: validate(recipe, le.world)
     elif errs := layout_problems(p.tp, p.pp, p.cp, le.world): raise RecipeError('; '.join(errs))
     device = resolve_device(device or (recipe.trainer.device if recipe is not None else 'auto'))
-    if not dist.is_initialized():
-        for k, v in dict(MASTER_ADDR=le.master_addr, MASTER_PORT=str(le.master_port), RANK=str(le.rank), WORLD_SIZE=str(le.world),
-                         LOCAL_RANK=str(le.local_rank)).items(): os.environ.setdefault(k, v)
-        if device == 'cuda': torch.cuda.set_device(le.local_rank)
-        dist.init_process_group(BACKENDS[device], rank=le.rank, world_size=le.world, timeout=datetime.timedelta(seconds=timeout_s))
+    start_process_group(le, device, timeout_s)
     return initialize_model_parallel(p.tp, p.pp, p.cp, device)
+
+# %% ../../nbs/api/30_state.ipynb #a49cfc55
+@contextlib.contextmanager
+def parallel_session(recipe: Recipe, device: str | None = None):
+    "The recipe's `ParallelState` for a block; a process group started here is destroyed after it."
+    started = not dist.is_initialized()
+    if started: state = init_distributed(recipe, device)
+    else:
+        validate(recipe, dist.get_world_size())
+        p = recipe.parallel
+        state = initialize_model_parallel(p.tp, p.pp, p.cp, device or recipe.trainer.device)
+    try: yield state
+    finally:
+        destroy_model_parallel()
+        if started and dist.is_initialized(): dist.destroy_process_group()
 
 # %% ../../nbs/api/30_state.ipynb #d306d9cd
 def get_tensor_model_parallel_group(): return get_state().group('tp')

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import contextlib, io, json, os, pickle, shutil, threading, time, warnings
 import crc32c
+from dataclasses import dataclass, asdict
 from pathlib import Path
 from ..errors import CheckpointError
 
@@ -13,7 +14,7 @@ from ..errors import CheckpointError
 __all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'step_dir', 'checkpoint_step', 'crc_file', 'verify_checkpoint',
            'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world', 'quiet_dcp', 'barrier',
            'broadcast_object', 'rng_state', 'set_rng_state', 'Checkpointer', 'ChecksummedFile', 'shard_writer',
-           'load_weights']
+           'load_weights', 'TrainState', 'TrainingStateDict']
 
 # %% ../../nbs/api/41_checkpoint.ipynb #c7ee9ec9
 MARKER = 'COMPLETE'              # written last: its presence means every shard is on disk
@@ -139,8 +140,10 @@ def set_rng_state(states: dict):
 # %% ../../nbs/api/41_checkpoint.ipynb #eb7da0a1
 class Checkpointer:
     "Save and load sharded checkpoints under `root` (`step_<N>` folders), atomically."
-    def __init__(self, root, keep_last: int = 2, async_save: bool = False, log=print, timeout_s: float = 1800):
+    def __init__(self, root, keep_last: int = 2, async_save: bool = False, log=print, timeout_s: float = 1800,
+                 on_complete=None):  # called with the folder on rank 0 once its COMPLETE marker is written (a mirror)
         self.root, self.keep_last, self.async_save, self.log, self.timeout_s = Path(root), keep_last, async_save, log, timeout_s
+        self.on_complete = on_complete
         self._thread, self._error, self.last_saved, self.blocked_s, self._staged, self._staged_event = None, None, None, [], None, None
         self._pruning = None        # deleting old checkpoints runs beside training: the next save or `wait` joins it
         # async DCP collectives run beside training's: give them their own gloo group
@@ -284,6 +287,7 @@ def save(self: Checkpointer, step: int, state: dict, trainer_state: dict, planne
         _report_rank_files(d, r, writer.files)
         if r == 0:
             _finish(d, n, self.timeout_s)
+            if self.on_complete is not None: self.on_complete(d)   # before pruning: the folder stays while it is read
             self._pruning = threading.Thread(target=_prune, args=(self.root, self.keep_last, self.log), name='checkpoint-prune', daemon=True)
             self._pruning.start()
     if self.async_save:
@@ -350,3 +354,69 @@ def load_weights(model, path) -> Path:
     with quiet_dcp(): dcp.load(sd, storage_reader=safe_reader(d), no_dist=_dist() is None)
     set_model_state_dict(model, sd['model'])
     return d
+
+# %% ../../nbs/api/41_checkpoint.ipynb #69c0f4de
+@dataclass
+class TrainState:
+    "Progress of a run: optimizer steps taken, samples consumed, steps skipped (loss or gradients not finite)."
+    step: int = 0
+    consumed_samples: int = 0
+    skipped_steps: int = 0
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_state_dict(cls, d: dict | None) -> 'TrainState':
+        "The state of a resumed checkpoint's trainer state (a fresh one for None)."
+        if not d: return cls()
+        return cls(d['step'], d['consumed_samples'], d.get('skipped_steps', 0))
+
+# %% ../../nbs/api/41_checkpoint.ipynb #2fd8256d
+_IMPL_FLAGS = ('foreach', 'fused', 'capturable', 'differentiable')  # how this process runs the optimizer, not state
+
+def _flat():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+class TrainingStateDict:
+    "The `{'model', 'optim'}` DCP state of `module` (a model, or a parallel model's `module` view) and `optimizer`."
+    def __init__(self, module, optimizer):
+        self.module, self.optimizer = module, optimizer
+
+    def state_dict(self, saving: bool = False) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        model = get_model_state_dict(self.module, options=_flat())
+        if hasattr(self.optimizer, 'flat_state_dict'): optim = self.optimizer.flat_state_dict(self.module)
+        else: optim = get_optimizer_state_dict(self.module, self.optimizer, options=_flat())
+        if saving:
+            for k in [k for k in optim if '.tok_embeddings.weight' in k]:
+                optim.setdefault(k.replace('.tok_embeddings.weight', '.output.weight'), optim[k])
+        return {'model': model, 'optim': optim}
+
+    def load_state_dict(self, state: dict):
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+        impl = [{k: g[k] for k in _IMPL_FLAGS if k in g} for g in self.optimizer.param_groups]
+        set_model_state_dict(self.module, state['model'], options=_flat())
+        if hasattr(self.optimizer, 'load_flat_state_dict'): self.optimizer.load_flat_state_dict(state['optim'], self.module)
+        else: set_optimizer_state_dict(self.module, self.optimizer, state['optim'], options=_flat())
+        for g, flags in zip(self.optimizer.param_groups, impl): g.update(flags)
+
+# %% ../../nbs/api/41_checkpoint.ipynb #42ff1bae
+@patch
+def time_due(self: Checkpointer, every_minutes: float) -> bool:
+    "Whether `every_minutes` have passed since this checkpointer last saved (or was made)."
+    since = getattr(self, '_last_save_time', None) or getattr(self, '_made_at', None)
+    if since is None: since = self._made_at = time.time()
+    return every_minutes > 0 and time.time() - since >= 60 * every_minutes
+
+@patch
+def maybe_save(self: Checkpointer, step: int, state_fn, trainer_state: dict, every: int = 0, every_minutes: float = 0,
+               signalled: bool = False, last_step: bool = False, time_due: bool = False) -> Path | None:
+    "Save `state_fn()` as `step_<step>` when the policy says so; the checkpoint's path, or None."
+    scheduled = bool(every) and step % every == 0
+    final = last_step and bool(every or every_minutes)
+    if not (scheduled or time_due or signalled or final): return None
+    path = self.save(step, state_fn(), trainer_state)
+    self._last_save_time = time.time()
+    return path

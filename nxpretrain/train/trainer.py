@@ -9,11 +9,12 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from ..recipes import Recipe, RecipeError, padded_vocab, validate, to_dict
 from ..errors import EXIT_REQUEUE, TrainingError
+from ..families import family
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'SyntheticTokens', 'synthetic_datasets',
            'one_rank_first', 'build_datasets', 'micro_batches', 'concat', 'model_inputs', 'TrainResult', 'StopFlag',
-           'train_step', 'evaluate_loss', 'train']
+           'precision_for_device', 'evaluate_loss', 'Trainer', 'train']
 
 # %% ../../nbs/api/43_trainer.ipynb #625aac2e
 EXIT_OK = 0
@@ -59,7 +60,9 @@ def _bert_datasets(recipe: Recipe, data_root: str):
     from nxpretrain.data.prepare import ensure_dataset
     from nxpretrain.data.tokenizers import get_tokenizer
     d, m = recipe.data, recipe.model
-    if bert_hdf5_shards(d.corpus): return build_bert_datasets(d.corpus, m.seq_len, d.split, recipe.trainer.seed)
+    from nxpretrain.data.archive import BERT_HDF5_TARS, bert_hdf5_folder
+    corpus = str(bert_hdf5_folder(d.corpus, data_root)) if d.corpus in BERT_HDF5_TARS else d.corpus   # the seed's data by name
+    if bert_hdf5_shards(corpus): return build_bert_datasets(corpus, m.seq_len, d.split, recipe.trainer.seed)
     special = bert_special_ids(get_tokenizer(d.tokenizer, data_root), m.vocab_size)   # before the corpus is tokenised
     prefix = ensure_dataset(d, root=data_root, vocab_size=m.vocab_size)
     return build_bert_datasets(prefix, m.seq_len, d.split, recipe.trainer.seed, special, m.vocab_size)
@@ -67,7 +70,7 @@ def _bert_datasets(recipe: Recipe, data_root: str):
 def build_datasets(recipe: Recipe, num_samples: int, data_root: str = 'runs/data'):
     "(train, valid, test) datasets for `recipe`: items `{'tokens', 'labels'}`, or BERT's (see `model_inputs`)."
     if recipe.data.corpus == 'synthetic': return synthetic_datasets(recipe, num_samples)
-    if recipe.model.arch == 'bert': return one_rank_first(lambda: _bert_datasets(recipe, data_root))
+    if family(recipe.model.arch).objective == 'mlm_nsp': return one_rank_first(lambda: _bert_datasets(recipe, data_root))
     from nxpretrain.data.prepare import ensure_dataset
     from nxpretrain.data.gpt_dataset import build_gpt_datasets
     def build():
@@ -132,87 +135,29 @@ class StopFlag:
     def __exit__(self, *exc):
         for s, h in self._old.items(): signal.signal(s, h)
 
-# %% ../../nbs/api/43_trainer.ipynb #549b0ea8
-def _setup_parallel(recipe: Recipe):
-    "(parallel state or None, dp size, dp rank, torch device)."
-    import torch, torch.distributed as dist
-    from nxpretrain.parallel.state import init_distributed, initialize_model_parallel, resolve_device, launch_env, get_state, model_parallel_is_initialized
-    env_world = launch_env().world
-    if not dist.is_initialized() and env_world == 1:
-        validate(recipe, 1)
-        dev = resolve_device(recipe.trainer.device)
-        return None, 1, 0, torch.device('cpu' if dev == 'cpu' else dev)
-    if not dist.is_initialized(): st = init_distributed(recipe)
-    else:
-        validate(recipe, dist.get_world_size())
-        p = recipe.parallel
-        st = get_state() if model_parallel_is_initialized() else initialize_model_parallel(p.tp, p.pp, p.cp, recipe.trainer.device)
-    return st, st.dp, st.rank('dp'), st.torch_device
-
-def _wrap(model, recipe: Recipe, st):
-    "Apply the recipe's layout to `model` through the parallel engine (a `ParallelModel`); unchanged in one process."
-    if st is None or st.world == 1: return model
-    from nxpretrain.parallel.engine import parallelize
-    return parallelize(model, recipe, st)
-
 # %% ../../nbs/api/43_trainer.ipynb #3c8c9ae7
-def _autocast_dtype(recipe: Recipe, device, log=print):
-    import torch
+def precision_for_device(recipe: Recipe, device, log=print) -> Recipe:
+    "`recipe`, with fp32 instead of bf16 on a CPU that has no native bf16."
     from nxpretrain.train.metrics import cpu_bf16_ok
-    if recipe.parallel.precision != 'bf16': return None
-    if device.type == 'cpu' and not cpu_bf16_ok():
-        log("parallel.precision=bf16 but this CPU has no native bf16 (avx512_bf16/amx): training in fp32"); return None
-    return torch.bfloat16
+    from nxpretrain.recipes import override
+    if recipe.parallel.precision != 'bf16' or device.type != 'cpu' or cpu_bf16_ok(): return recipe
+    log("parallel.precision=bf16 but this CPU has no native bf16 (avx512_bf16/amx): training in fp32")
+    return override(recipe, 'parallel.precision=fp32')
 
 # %% ../../nbs/api/43_trainer.ipynb #22160d64
-def _forward(model, batch, device, autocast_dtype):
-    "(model output, labels, NSP labels) of one micro batch."
+def evaluate_loss(model, dataset, samples: int, dp_rank: int = 0, dp: int = 1) -> dict:
+    """{'loss', 'perplexity'} (and BERT's 'nsp_loss', 'nsp_accuracy') of the `ParallelModel` `model` on the first
+    `samples` samples of `dataset`."""
     import torch
-    tokens, labels, nsp, kw = model_inputs(batch, device)
-    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        return model(tokens, **kw), labels, nsp
-
-def train_step(model, batches: list, device, autocast=None, max_norm: float = 0.0, grad_groups=()) -> tuple[float, "torch.Tensor"]:
-    "Forward/backward over this rank's micro `batches`; (mean loss, total grad norm before clipping). Gradients stay in place."
-    from nxpretrain.train.optim import clip_grads
-    from nxpretrain.parallel.engine import pretraining_loss, IGNORE_INDEX
-    n_tokens = sum(int((b['labels'] != IGNORE_INDEX).sum()) for b in batches)
-    n_seqs = sum(len(b['labels']) for b in batches)
-    total = 0.0
-    for b in batches:
-        out, labels, nsp = _forward(model, b, device, autocast)
-        loss = pretraining_loss(out, labels, max(n_tokens, 1), n_seqs, nsp)
-        loss.backward()
-        total += loss.item()
-    return total, clip_grads(list(model.parameters()), max_norm, grad_groups)
-
-# %% ../../nbs/api/43_trainer.ipynb #722e0c19
-def evaluate_loss(model, dataset, micro_batch: int, samples: int, device, autocast=None, dp_rank: int = 0, dp: int = 1, dp_group=None, tp: int = 1) -> dict:
-    "{'loss', 'perplexity'} (and BERT's 'nsp_loss', 'nsp_accuracy') of `model` on the first `samples` samples of `dataset` (a multiple of `micro_batch`·`dp`)."
-    import torch, contextlib, torch.nn.functional as F
-    from torch.distributed.tensor.parallel import loss_parallel
-    from nxpretrain.parallel.engine import token_loss_sum, IGNORE_INDEX
-    sums = torch.zeros(5, dtype=torch.float64)   # token loss, tokens, NSP loss, NSP correct, sequences
-    if hasattr(model, 'evaluate_sums'):   # the parallel engine: its own layout (pipeline, ring attention, TP), forward only
-        model.eval()
-        gb = model.recipe.data.global_batch   # a pipeline schedule takes whole steps
-        for start in range(0, samples, gb):
-            tokens, labels, nsp, kw = model_inputs(concat(micro_batches(dataset, start, gb, micro_batch, dp_rank, dp)), device)
-            sums += model.evaluate_sums(tokens, labels, **({'nsp_labels': nsp} if nsp is not None else {}), **kw)
-        model.train()
-        return _eval_summary(sums)
-    was_training = model.training; model.eval()
-    with torch.no_grad(), (loss_parallel() if tp > 1 else contextlib.nullcontext()):  # TP: vocabulary-sharded logits
-        for b in micro_batches(dataset, 0, samples, micro_batch, dp_rank, dp):
-            out, labels, nsp = _forward(model, b, device, autocast)
-            logits = out[0] if isinstance(out, tuple) else out
-            sums[0] += token_loss_sum(logits, labels).item(); sums[1] += (labels != IGNORE_INDEX).sum().item()
-            if nsp is not None:
-                nl = out[1].full_tensor() if hasattr(out[1], 'full_tensor') else out[1]
-                sums[2:] += torch.tensor([F.cross_entropy(nl.float(), nsp, reduction='sum').item(), (nl.argmax(-1) == nsp).sum().item(), len(nsp)], dtype=torch.float64)
-    if dp > 1:
-        import torch.distributed as dist; dist.all_reduce(sums, group=dp_group)
-    model.train(was_training)
+    d, device = model.recipe.data, model.state.torch_device
+    chunk = d.global_batch if model.schedule is not None else d.micro_batch * dp
+    sums = torch.zeros(5, dtype=torch.float64)
+    model.eval()
+    for start in range(0, samples, chunk):
+        batch = concat(micro_batches(dataset, start, chunk, d.micro_batch, dp_rank, dp))
+        tokens, labels, nsp, kw = model_inputs(batch, device)
+        sums += model.evaluate_sums(tokens, labels, nsp, **kw)
+    model.train()
     return _eval_summary(sums)
 
 def _eval_summary(sums) -> dict:
@@ -221,7 +166,7 @@ def _eval_summary(sums) -> dict:
     if sums[4] > 0: out.update(nsp_loss=(sums[2] / sums[4]).item(), nsp_accuracy=(sums[3] / sums[4]).item())
     return out
 
-# %% ../../nbs/api/43_trainer.ipynb #9fab6941
+# %% ../../nbs/api/43_trainer.ipynb #722e0c19
 STEPS_FILE = 'steps.jsonl'
 
 def _logger(path: Path | None):
@@ -235,152 +180,217 @@ def _logger(path: Path | None):
         with open(path, 'a') as f: f.write(line + '\n')
     return log
 
-def _module(model):
-    "The `nn.Module` whose parameter names are the checkpoint's keys: the engine's view over this rank's stages, or the model."
-    return model.module if hasattr(model, 'parts') else model
+# %% ../../nbs/api/43_trainer.ipynb #9fab6941
+def _optimizer(pm, recipe: Recipe):
+    "The recipe's optimizer over `pm`: fused AdamW where a world of one holds plain tensors on a device that has it."
+    import torch
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    from nxpretrain.train.optim import optimizer_spec
+    p = next(pm.parameters())
+    plain = type(p.data) is torch.Tensor
+    fused = pm.state.world == 1 and plain and p.device.type in _get_fused_kernels_supported_devices()
+    cls, kw = optimizer_spec(recipe.optim, **({'fused': True} if fused else {'foreach': False}))
+    return pm.build_optimizer(cls, **kw)
 
-def _options():
-    # flattened optimizer state: every entry keyed by parameter name ('state.layers.0.mlp.w1.weight.exp_avg',
-    # 'param_groups.….lr'), so it does not depend on which rank holds which parameters – the key to resharding
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-    return StateDictOptions(flatten_optimizer_state_dict=True)
-
-def _optim_state(module, optimizer) -> dict:
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-    if hasattr(optimizer, 'flat_state_dict'): return optimizer.flat_state_dict(module)   # ZeRO-1: the entries this rank owns
-    return get_optimizer_state_dict(module, optimizer, options=_options())
-
-def _app_state(model, optimizer, saving: bool = False) -> dict:
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    m, o = get_model_state_dict(_module(model), options=_options()), _optim_state(_module(model), optimizer)
-    if saving:
-        # a tied embedding/head is one parameter in one process ('tok_embeddings.weight') but two on a pipeline (the last
-        # stage's 'output.weight'): save its optimizer state under both names so any layout finds it
-        for k in [k for k in o if '.tok_embeddings.weight' in k]:
-            o.setdefault(k.replace('.tok_embeddings.weight', '.output.weight'), o[k])
-    return {'model': m, 'optim': o}
-
-_IMPL_FLAGS = ('foreach', 'fused', 'capturable', 'differentiable')  # how this process runs the optimizer, not state to restore
-
-def _restore(model, optimizer, state: dict):
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-    impl = [{k: g[k] for k in _IMPL_FLAGS if k in g} for g in optimizer.param_groups]
-    set_model_state_dict(_module(model), state['model'], options=_options())
-    if hasattr(optimizer, 'load_flat_state_dict'): optimizer.load_flat_state_dict(state['optim'], _module(model))
-    else: set_optimizer_state_dict(_module(model), optimizer, state['optim'], options=_options())
-    for g, flags in zip(optimizer.param_groups, impl): g.update(flags)
-
-# %% ../../nbs/api/43_trainer.ipynb #994612c9
-def _start(recipe: Recipe, run_dir: Path, device, st, dp, log, resume_from, weights_only, async_save):
+def _start(recipe: Recipe, run_dir: Path, st, log, resume_from, weights_only, async_save):
     "Model, optimizer, checkpointer and the resumed trainer state (or None)."
     import torch
-    from nxpretrain.models import build_model
-    from nxpretrain.train.optim import build_optimizer, optimizer_spec
-    from nxpretrain.train.checkpoint import Checkpointer, load_weights, rank
+    from nxpretrain.parallel.engine import build_parallel_model
+    from nxpretrain.train.checkpoint import Checkpointer, TrainingStateDict, load_weights, rank
     tr = recipe.trainer
-    torch.manual_seed(tr.seed)
-    model = _wrap(build_model(recipe.model, padded_vocab(recipe.model, recipe.parallel.tp)).to(device), recipe, st)
-    if hasattr(model, 'build_optimizer'):   # the engine shards its state (ZeRO-1)
-        cls, kw = optimizer_spec(recipe.optim, foreach=False); optimizer = model.build_optimizer(cls, **kw)
-    else: optimizer = build_optimizer(model, recipe.optim)
+    model = build_parallel_model(recipe, st, seed=tr.seed)
+    optimizer = _optimizer(model, recipe)
     torch.manual_seed(tr.seed + 1 + rank())  # each rank its own dropout stream; a resume restores it from the checkpoint
-    ck = Checkpointer(run_dir / 'checkpoints', tr.keep_last, async_save, log=log)
+    from nxpretrain.train.mirror import mirror_for
+    ck = Checkpointer(run_dir / 'checkpoints', tr.keep_last, async_save, log=log, on_complete=mirror_for(recipe, log))
     resumed = None
     if weights_only:
         if not resume_from: raise RecipeError("weights_only=True needs resume_from=<checkpoint folder>")
-        log(f"initialising weights from {load_weights(_module(model), resume_from)} (weights only: fresh optimizer, schedule and data position)")
+        src = load_weights(model.module, resume_from)
+        log(f"initialising weights from {src} (weights only: fresh optimizer, schedule and data position)")
     elif tr.resume or resume_from:
-        state = _app_state(model, optimizer)
-        if (resumed := ck.load(state, path=resume_from)) is not None: _restore(model, optimizer, state)
+        states = TrainingStateDict(model.module, optimizer)
+        state = states.state_dict()
+        if (resumed := ck.load(state, path=resume_from)) is not None: states.load_state_dict(state)
     return model, optimizer, ck, resumed
+
+# %% ../../nbs/api/43_trainer.ipynb #994612c9
+class Trainer:
+    "One training run of `recipe` in this process (one CPU, or one rank of a torchrun job)."
+    def __init__(self, recipe: Recipe, out_dir: str | None = None, max_steps: int | None = None, *, datasets=None,
+                 resume_from: str | None = None, weights_only: bool = False, async_save: bool = False, progress: bool = True):
+        self.recipe, self.datasets = recipe, datasets
+        self.max_steps = max_steps or recipe.trainer.max_steps
+        self.run_dir = Path(out_dir or recipe.trainer.out_dir) / recipe.name
+        self.resume_from, self.weights_only, self.async_save, self.progress = resume_from, weights_only, async_save, progress
+
+    def start(self, state):
+        "Run folder, model, optimizer, checkpointer, resume and data on the mesh `state`: all before the first step."
+        import torch
+        from nxpretrain.train.checkpoint import rank, world, TrainState
+        from nxpretrain.train.metrics import Progress, Scalars
+        from nxpretrain.recipes import to_yaml
+        tr = self.recipe.trainer
+        if tr.threads > 0: torch.set_num_threads(tr.threads)
+        self.st, self.is_main, self.n_world = state, rank() == 0, world()
+        self.log = _logger(self.run_dir / 'train.log' if self.is_main else None)
+        self.recipe = precision_for_device(self.recipe, self.st.torch_device, self.log)
+        if self.is_main: to_yaml(self.recipe, self.run_dir / 'recipe.yaml')
+        t_model = time.perf_counter()
+        self.model, self.optimizer, self.ck, resumed = _start(self.recipe, self.run_dir, self.st, self.log, self.resume_from,
+                                                              self.weights_only, self.async_save)
+        self.state = TrainState.from_state_dict(resumed)
+        t_data = time.perf_counter()
+        d = self.recipe.data
+        self.train_ds, self.valid_ds, _ = self.datasets or build_datasets(self.recipe, self.max_steps * d.global_batch)
+        self.setup_s = dict(distributed=t_model - self.t_entry, model_and_resume=t_data - t_model, data=time.perf_counter() - t_data)
+        self.result = TrainResult(out_dir=str(self.run_dir), start_step=self.state.step, final_step=self.state.step)
+        epoch = self.state.consumed_samples // len(self.train_ds)
+        self.prog = Progress(self.max_steps, self.state.step, epoch, enabled=self.progress and self.is_main)
+        self.scalars = Scalars(self.run_dir / 'tb', enabled=self.is_main, log=self.log)
+        self.steps_log = open(self.run_dir / STEPS_FILE, 'a', buffering=1) if self.is_main else None
+        self.step_time = self.win_time = 0.0
+        self.win_steps = self.nonfinite = 0
+        accumulation = d.global_batch // (d.micro_batch * self.st.dp)
+        self.log(f"training {self.recipe.name}: steps {self.state.step}→{self.max_steps}, global batch {d.global_batch} = "
+                 f"micro {d.micro_batch} × DP {self.st.dp} × accumulation {accumulation}, {self.n_world} process(es) "
+                 f"on {self.st.torch_device}")
+        return self
+
+    def step(self, stop) -> tuple:
+        "One optimizer step: (loss, grad norm, lr, whether a stop was signalled, whether a time-based save is due)."
+        import torch, torch.distributed as dist
+        from nxpretrain.train.optim import lr_at
+        d, s = self.recipe.data, self.state
+        lr = lr_at(s.step, self.recipe.optim, self.max_steps)
+        for g in self.optimizer.param_groups: g['lr'] = lr
+        batches = micro_batches(self.train_ds, s.consumed_samples, d.global_batch, d.micro_batch, self.st.rank('dp'), self.st.dp)
+        tokens, labels, nsp, kw = model_inputs(concat(batches), self.st.torch_device)
+        loss = self.model.forward_backward(tokens, labels, nsp, **kw)
+        gnorm = self.model.clip_grad_norm_(self.recipe.optim.clip_grad)
+        time_due = self.ck.time_due(self.recipe.trainer.save_every_minutes)
+        mine = loss.item() if self.is_main else 0.0   # every rank has the global loss: rank 0's goes to all
+        flags = torch.tensor([mine, stop.signal is not None, time_due], dtype=torch.float64)
+        if self.n_world > 1: dist.all_reduce(flags)   # one collective: the loss, and any rank's stop or save request
+        loss = flags[0].item()
+        self.ck.wait_staged()  # an async save still copying the weights must finish copying before they change
+        self._update(loss, gnorm)
+        s.step, s.consumed_samples = s.step + 1, s.consumed_samples + d.global_batch
+        return loss, gnorm, lr, flags[1].item() > 0, flags[2].item() > 0
+
+    def _update(self, loss: float, gnorm):
+        "The optimizer step, skipped when the loss or gradient norm is not finite."
+        import torch
+        if math.isfinite(loss) and torch.isfinite(gnorm):
+            self.optimizer.step()
+            self.nonfinite = 0
+        else:
+            self.state.skipped_steps += 1
+            self.nonfinite += 1
+            self.log(f"step {self.state.step + 1}: loss {loss} / grad norm {gnorm.item()} not finite; optimizer step skipped "
+                     f"({self.nonfinite} in a row)")
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def log_step(self, loss: float, gnorm, lr: float, dt: float):
+        "The step's line in `steps.jsonl`, the progress bar, and every `log_every` steps the seeds' line and scalars."
+        from nxpretrain.perf import mfu as model_flops_utilisation, peak_tflops
+        from nxpretrain.recipes import padded_vocab
+        s, r, res = self.state, self.recipe, self.result
+        self.step_time += dt; self.win_time += dt; self.win_steps += 1
+        if not res.steps: self._first_step_done(dt)
+        res.steps.append(s.step); res.losses.append(loss)
+        if self.steps_log:
+            self.steps_log.write(json.dumps(dict(step=s.step, loss=loss, lr=lr, grad_norm=gnorm.item(),
+                                                 consumed_samples=s.consumed_samples, time=time.time())) + '\n')
+        self.prog.update(loss, lr, s.step, s.consumed_samples, s.consumed_samples // len(self.train_ds))
+        if not (s.step % r.trainer.log_every == 0 or s.step == self.max_steps):
+            self.scalars.write(s.step, loss=loss, lr=lr)
+            return
+        tps = self.win_steps * r.data.global_batch * r.model.seq_len / self.win_time
+        peak = peak_tflops(r.parallel.precision, self.st.torch_device.type)
+        mfu = model_flops_utilisation(tps / self.n_world, r.model, peak, padded_vocab(r.model, r.parallel.tp))
+        pn = self.model.param_norm().item()
+        self.log(f"step {s.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {gnorm.item():.3f} | "
+                 f"parameter_norm {pn:.2f} | tokens/s {tps:.0f} | mfu {mfu:.3f} | consumed_samples {s.consumed_samples}")
+        self.scalars.write(s.step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps, mfu=mfu,
+                           consumed_samples=s.consumed_samples, skipped_steps=s.skipped_steps)
+        self.win_time, self.win_steps = 0.0, 0
+
+    def _first_step_done(self, dt: float):
+        self.result.time_to_first_step_s = time.perf_counter() - self.t_entry
+        parts = ', '.join(f"{k} {v:.1f} s" for k, v in self.setup_s.items())
+        self.log(f"first step done {self.result.time_to_first_step_s:.1f} s after train() started ({parts}, step {dt:.1f} s)")
+
+    def evaluate(self):
+        "Validation every `eval_every` steps."
+        tr, s = self.recipe.trainer, self.state
+        if not (tr.eval_every and s.step % tr.eval_every == 0 and tr.eval_steps and self.valid_ds is not None): return
+        ev = evaluate_loss(self.model, self.valid_ds, tr.eval_steps * self.recipe.data.global_batch, self.st.rank('dp'), self.st.dp)
+        self.result.eval = ev
+        nsp = 'nsp_accuracy' in ev
+        self.log(f"step {s.step} | validation loss {ev['loss']:.4f} | perplexity {ev['perplexity']:.2f}"
+                 + (f" | NSP loss {ev['nsp_loss']:.4f} | NSP accuracy {ev['nsp_accuracy']:.3f}" if nsp else ''))
+        extra = {'val_nsp_loss': ev['nsp_loss'], 'val_nsp_accuracy': ev['nsp_accuracy']} if nsp else {}
+        self.scalars.write(s.step, val_loss=ev['loss'], val_ppl=ev['perplexity'], **extra)
+
+    def save(self, loss: float, lr: float, signalled: bool, time_due: bool):
+        "A checkpoint when the policy says so (`Checkpointer.maybe_save`)."
+        from nxpretrain.train.checkpoint import TrainingStateDict
+        from nxpretrain.recipes import to_dict
+        r, s, tr = self.recipe, self.state, self.recipe.trainer
+        layout = dict(tp=r.parallel.tp, pp=r.parallel.pp, cp=r.parallel.cp, dp=self.st.dp)
+        meta = dict(s.state_dict(), loss=loss, lr=lr, world=self.n_world, layout=layout, recipe=to_dict(r))
+        states = TrainingStateDict(self.model.module, self.optimizer)
+        path = self.ck.maybe_save(s.step, lambda: states.state_dict(saving=True), meta, every=tr.save_every,
+                                  every_minutes=tr.save_every_minutes, signalled=signalled,
+                                  last_step=s.step == self.max_steps, time_due=time_due)
+        if path is not None: self.result.last_checkpoint = str(path)
+
+    def stop(self, signal_name: str | None, signalled: bool) -> bool:
+        "Whether the run ends here: non-finite for too long, or a stop signal (after its checkpoint)."
+        res = self.result
+        if self.nonfinite >= MAX_NONFINITE:
+            self.log(f"stopping: loss or gradients not finite for {self.nonfinite} steps in a row (step {self.state.step}); "
+                     "lower optim.lr, raise optim.warmup_steps or check the data, then resume from the last checkpoint")
+            res.stopped, res.exit_code = 'nonfinite', EXIT_NONFINITE
+            return True
+        if signalled:
+            self.log(f"stopping at step {self.state.step} on {signal_name or 'a stop signal on another rank'}: checkpoint "
+                     f"{res.last_checkpoint}; exit code {EXIT_REQUEUE} (requeue to resume)")
+            res.stopped, res.exit_code = 'signal', EXIT_REQUEUE
+            return True
+        return False
+
+    def run(self) -> TrainResult:
+        "Train to `max_steps` (or a stop); see `TrainResult`."
+        from nxpretrain.parallel.state import parallel_session
+        self.t_entry = time.perf_counter()   # process group, model and data count towards the time to the first step
+        with parallel_session(self.recipe) as state, StopFlag() as stop:
+            self.start(state)
+            while self.state.step < self.max_steps:
+                t0 = time.perf_counter()
+                loss, gnorm, lr, signalled, time_due = self.step(stop)
+                self.log_step(loss, gnorm, lr, time.perf_counter() - t0)
+                if self.nonfinite < MAX_NONFINITE:
+                    self.evaluate()
+                    self.save(loss, lr, signalled, time_due)
+                if self.stop(stop.signal, signalled): break
+            return self.finish()
+
+    def finish(self) -> TrainResult:
+        "Wait for saves, close the logs, and the run's figures."
+        self.ck.wait(); self.prog.close(); self.scalars.close()
+        if self.steps_log: self.steps_log.close()
+        res, tokens_per_step = self.result, self.recipe.data.global_batch * self.recipe.model.seq_len
+        res.final_step = self.state.step
+        res.tokens_per_s = len(res.steps) * tokens_per_step / self.step_time if self.step_time else 0.0
+        self.log(f"done at step {res.final_step} ({res.stopped}); {res.tokens_per_s:.0f} tokens/s; last checkpoint "
+                 f"{res.last_checkpoint}")
+        return res
 
 # %% ../../nbs/api/43_trainer.ipynb #d0ee4f28
 def train(recipe: Recipe, out_dir: str | None = None, max_steps: int | None = None, *, datasets=None, resume_from: str | None = None,
           weights_only: bool = False, async_save: bool = False, progress: bool = True) -> TrainResult:
     "Train `recipe` in this process (one CPU, or one rank of a torchrun job); see `TrainResult`."
-    import torch, torch.distributed as dist
-    from nxpretrain.train.optim import lr_at, param_norm
-    from nxpretrain.train.checkpoint import rank, world
-    from nxpretrain.train.metrics import Progress, Scalars
-    from nxpretrain.perf import mfu as model_flops_utilisation, peak_tflops
-    t_entry, tr, d = time.perf_counter(), recipe.trainer, recipe.data
-    max_steps = max_steps or tr.max_steps
-    if tr.threads > 0: torch.set_num_threads(tr.threads)
-    st, dp, dp_rank, device = _setup_parallel(recipe)
-    run_dir = Path(out_dir or tr.out_dir) / recipe.name
-    log = _logger(run_dir / 'train.log' if rank() == 0 else None)
-    if rank() == 0:
-        from nxpretrain.recipes import to_yaml; to_yaml(recipe, run_dir / 'recipe.yaml')
-    t_model = time.perf_counter()
-    model, optimizer, ck, resumed = _start(recipe, run_dir, device, st, dp, log, resume_from, weights_only, async_save)
-    step, consumed, skipped = (resumed['step'], resumed['consumed_samples'], resumed.get('skipped_steps', 0)) if resumed else (0, 0, 0)
-    t_data = time.perf_counter()
-    train_ds, valid_ds, _ = datasets or build_datasets(recipe, max_steps * d.global_batch)
-    setup = dict(distributed=t_model - t_entry, model_and_resume=t_data - t_model, data=time.perf_counter() - t_data)
-    autocast = _autocast_dtype(recipe, device, log)
-    grad_groups = (st.group('pp'),) if st is not None and st.pp > 1 else ()
-    n_world, tokens_per_step = world(), d.global_batch * recipe.model.seq_len
-    res = TrainResult(out_dir=str(run_dir), start_step=step, final_step=step)
-    prog = Progress(max_steps, step, consumed // len(train_ds), enabled=progress and rank() == 0)
-    scalars = Scalars(run_dir / 'tb', enabled=rank() == 0, log=log)
-    log(f"training {recipe.name}: steps {step}→{max_steps}, global batch {d.global_batch} = micro {d.micro_batch} × DP {dp} × accumulation {d.global_batch // (d.micro_batch * dp)}, {n_world} process(es) on {device}")
-    step_time, win_time, win_steps, nonfinite, last_save = 0.0, 0.0, 0, 0, time.time()
-    steps_log = open(run_dir / STEPS_FILE, 'a', buffering=1) if rank() == 0 else None
-    with StopFlag() as stop:
-        while step < max_steps:
-            t0 = time.perf_counter()
-            lr = lr_at(step, recipe.optim, max_steps)
-            for g in optimizer.param_groups: g['lr'] = lr
-            batches = list(micro_batches(train_ds, consumed, d.global_batch, d.micro_batch, dp_rank, dp))
-            if hasattr(model, 'forward_backward'):  # parallel engine: global mean loss, gradients reduced over every group
-                tokens, labels, nsp, kw = model_inputs(concat(batches), device)
-                loss = model.forward_backward(tokens, labels, **({'nsp_labels': nsp} if nsp is not None else {}), **kw)
-                gnorm = torch.tensor(model.clip_grad_norm_(recipe.optim.clip_grad))
-            else: loss, gnorm = train_step(model, batches, device, autocast, recipe.optim.clip_grad, grad_groups)
-            time_due = tr.save_every_minutes > 0 and time.time() - last_save >= 60 * tr.save_every_minutes
-            flags = torch.tensor([loss if rank() == 0 else 0.0, stop.signal is not None, time_due], dtype=torch.float64)
-            if n_world > 1: dist.all_reduce(flags)  # one collective: every rank gets rank 0's loss and learns of any stop/save request
-            loss = flags[0].item()
-            ck.wait_staged()  # an async save still copying the weights must finish copying before they change
-            if math.isfinite(loss) and torch.isfinite(gnorm): optimizer.step(); nonfinite = 0
-            else: skipped, nonfinite = skipped + 1, nonfinite + 1; log(f"step {step + 1}: loss {loss} / grad norm {gnorm.item()} not finite; optimizer step skipped ({nonfinite} in a row)")
-            optimizer.zero_grad(set_to_none=True)
-            step, consumed = step + 1, consumed + d.global_batch
-            dt = time.perf_counter() - t0; step_time += dt; win_time += dt; win_steps += 1
-            if not res.steps:
-                res.time_to_first_step_s = time.perf_counter() - t_entry
-                log(f"first step done {res.time_to_first_step_s:.1f} s after train() started (" + ', '.join(f"{k} {v:.1f} s" for k, v in setup.items()) + f", step {dt:.1f} s)")
-            res.steps.append(step); res.losses.append(loss)
-            if steps_log: steps_log.write(json.dumps(dict(step=step, loss=loss, lr=lr, grad_norm=gnorm.item(), consumed_samples=consumed, time=time.time())) + '\n')
-            prog.update(loss, lr, step, consumed, consumed // len(train_ds))
-            if nonfinite >= MAX_NONFINITE:
-                log(f"stopping: loss or gradients not finite for {nonfinite} steps in a row (step {step}); lower optim.lr, raise optim.warmup_steps or check the data, then resume from the last checkpoint")
-                res.stopped, res.exit_code = 'nonfinite', EXIT_NONFINITE; break
-            if step % tr.log_every == 0 or step == max_steps:
-                tps = win_steps * tokens_per_step / win_time
-                mfu = model_flops_utilisation(tps / n_world, recipe.model, peak_tflops('bf16' if autocast else 'fp32', device.type), padded_vocab(recipe.model, recipe.parallel.tp))
-                pn = param_norm(list(model.parameters()), grad_groups).item()
-                log(f"step {step}/{max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {gnorm.item():.3f} | parameter_norm {pn:.2f} | tokens/s {tps:.0f} | mfu {mfu:.3f} | consumed_samples {consumed}")
-                scalars.write(step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps, mfu=mfu, consumed_samples=consumed, skipped_steps=skipped)
-                win_time, win_steps = 0.0, 0
-            else: scalars.write(step, loss=loss, lr=lr)
-            if tr.eval_every and step % tr.eval_every == 0 and tr.eval_steps and valid_ds is not None:
-                res.eval = evaluate_loss(model, valid_ds, d.micro_batch, tr.eval_steps * d.global_batch, device, autocast,
-                                         dp_rank, dp, st.group('dp') if st else None, tp=st.tp if st else 1)
-                log(f"step {step} | validation loss {res.eval['loss']:.4f} | perplexity {res.eval['perplexity']:.2f}"
-                    + (f" | NSP loss {res.eval['nsp_loss']:.4f} | NSP accuracy {res.eval['nsp_accuracy']:.3f}" if 'nsp_accuracy' in res.eval else ''))
-                scalars.write(step, val_loss=res.eval['loss'], val_ppl=res.eval['perplexity'],
-                              **({'val_nsp_loss': res.eval['nsp_loss'], 'val_nsp_accuracy': res.eval['nsp_accuracy']} if 'nsp_accuracy' in res.eval else {}))
-            signalled = flags[1].item() > 0
-            if (tr.save_every and step % tr.save_every == 0) or flags[2].item() > 0 or signalled or (step == max_steps and (tr.save_every or tr.save_every_minutes)):
-                state = dict(step=step, consumed_samples=consumed, skipped_steps=skipped, loss=loss, lr=lr, world=n_world,
-                             layout=dict(tp=recipe.parallel.tp, pp=recipe.parallel.pp, cp=recipe.parallel.cp, dp=dp), recipe=to_dict(recipe))
-                res.last_checkpoint = str(ck.save(step, _app_state(model, optimizer, saving=True), state)); last_save = time.time()
-            if signalled:
-                log(f"stopping at step {step} on {stop.signal or 'a stop signal on another rank'}: checkpoint {res.last_checkpoint}; exit code {EXIT_REQUEUE} (requeue to resume)")
-                res.stopped, res.exit_code = 'signal', EXIT_REQUEUE; break
-    ck.wait(); prog.close(); scalars.close()
-    if steps_log: steps_log.close()
-    res.final_step, res.tokens_per_s = step, (len(res.steps) * tokens_per_step / step_time if step_time else 0.0)
-    log(f"done at step {step} ({res.stopped}); {res.tokens_per_s:.0f} tokens/s; last checkpoint {res.last_checkpoint}")
-    return res
+    return Trainer(recipe, out_dir, max_steps, datasets=datasets, resume_from=resume_from, weights_only=weights_only,
+                   async_save=async_save, progress=progress).run()
