@@ -494,6 +494,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                            'nxpretrain/launch/local.py'),
                                          'nxpretrain.launch.local.LocalLauncher.submit': ( 'api/local.html#locallauncher.submit',
                                                                                            'nxpretrain/launch/local.py'),
+                                         'nxpretrain.launch.local._descendants': ( 'api/local.html#_descendants',
+                                                                                   'nxpretrain/launch/local.py'),
                                          'nxpretrain.launch.local._local_script': ( 'api/local.html#_local_script',
                                                                                     'nxpretrain/launch/local.py'),
                                          'nxpretrain.launch.local._record_status': ( 'api/local.html#_record_status',
