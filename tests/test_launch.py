@@ -12,7 +12,7 @@ from nxpretrain.launch.nxdt import export_nxdt
 @pytest.mark.parametrize('name', sorted(CATALOG))
 def test_every_catalog_job_is_valid_bash(name, tmp_path):
     jobs = [make_job(name, None, tmp_path / 'job')]
-    if CATALOG[name].cluster.profile.startswith('trn1'): jobs += list(export_nxdt(name, tmp_path / 'nxdt').values())
+    if CATALOG[name].cluster.profile.startswith('trn1') and CATALOG[name].model.arch != 'bert': jobs += list(export_nxdt(name, tmp_path / 'nxdt').values())
     for job in jobs:
         p = subprocess.run(['bash', '-n', str(job.script_path)], capture_output=True, text=True)
         assert p.returncode == 0, (name, job.kind, p.stderr)

@@ -31,7 +31,7 @@ def test_catalog_jobs_fit_their_profile(prof, tmp_path):
             r = CATALOG[name]
             cpus = r.cluster.nodes * profile(prof).cpus_per_node
             assert f"using {cpus} processors" in answer, (name, answer)
-            if profile(prof).backend == 'xla':  # the NxD Training compile and train jobs too
+            if profile(prof).backend == 'xla' and r.model.arch != 'bert':  # the NxD Training compile and train jobs too
                 for kind, j in export_nxdt(name, tmp_path / f"nxdt-{name}").items():
                     assert 'to start at' in check(j), (name, kind)
         # one node more than the cluster has: refused now, not after the queue wait

@@ -25,11 +25,10 @@ def encode_documents(tok, texts: list[str], max_chars: int = 1 << 20) -> tuple[n
     "Concatenated token ids (+EOD per document with tokens) and per-document lengths of a batch of texts."
     long = {i for i, t in enumerate(texts) if len(t) > max_chars}
     ids = tok.encode_batch([t if i not in long else '' for i, t in enumerate(texts)])
-    docs = [encode_whole(tok, texts[i], max_chars) if i in long else np.asarray(x, np.int64) for i, x in enumerate(ids)]
-    eod = np.array([tok.eod_id], np.int64)
-    docs = [np.concatenate([d, eod]) if d.size else d for d in docs]
-    lengths = np.array([d.size for d in docs], np.int64)
-    flat = np.concatenate(docs) if docs else np.zeros(0, np.int64)
+    for i in long: ids[i] = encode_whole(tok, texts[i], max_chars).tolist()
+    eod = (tok.eod_id,)
+    lengths = np.fromiter((len(x) + 1 if x else 0 for x in ids), np.int64, len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(itertools.chain(x, eod) if x else x for x in ids), np.int64, int(lengths.sum()))
     return flat, lengths
 
 # %% ../../nbs/api/14_prepare.ipynb #f5610172

@@ -1,0 +1,106 @@
+"""Every Neuron/EFA environment variable, neuron_parallel_compile use and torchrun argument of our trn1 scripts, against
+the script it comes from: NxD Training's examples/train.sh and train_setup.sh (commit 9169aa0), seed 4 (NxDT Llama),
+seed 0 (neuronx-nemo-megatron GPT-3) and seed 3 (aws-neuron-samples run_dp_bert_large_hf_pretrain_bf16_s128.sh)."""
+import os, re, subprocess
+from pathlib import Path
+import pytest, yaml
+from nxpretrain.launch.nxdt import export_nxdt
+
+NXDT = 'aws-neuron/neuronx-distributed-training@9169aa0 examples/'
+# (variable, value, source): the environment train.sh exports for NxD Training
+NXDT_ENV = [
+    ('FI_EFA_USE_DEVICE_RDMA', '1', NXDT + 'train_setup.sh:11'),
+    ('FI_PROVIDER', 'efa', NXDT + 'train_setup.sh:12'),
+    ('FI_EFA_FORK_SAFE', '1', NXDT + 'train_setup.sh:13'),
+    ('NEMO_EXPM_VERSION', '${SLURM_JOB_ID:-0}', NXDT + 'train_setup.sh:26 ($SLURM_JOB_ID)'),
+    ('XLA_DISABLE_FUNCTIONALIZATION', '0', NXDT + 'train_setup.sh:60'),
+    ('HYDRA_FULL_ERROR', '1', NXDT + 'train_setup.sh:62'),
+    ('MALLOC_ARENA_MAX', '128', NXDT + 'train_setup.sh:65'),
+    ('CREATE_TB_LOGGER', 'True', NXDT + 'train_setup.sh:66'),
+    ('CHECKPOINT_CALLBACK', 'True', NXDT + 'train_setup.sh:67'),
+    ('NEURON_COMPILE_CACHE_URL', '<yaml compiler_cache_url>', NXDT + 'training_orchestrator.py:43 (from the YAML)'),
+    ('COMPILE', '${COMPILE:-0}', NXDT + 'training_orchestrator.py:53 reads it; seed 4 exports COMPILE=1, then 0'),
+]
+# variables NxDT's orchestrator derives from the YAML (precision, compiler flags) and does not overwrite once set:
+# exporting them in train.sh would override the YAML, so they must not appear
+LEFT_TO_NXDT = [('XLA_USE_BF16', NXDT + 'training_orchestrator.py:104-131'), ('XLA_DOWNCAST_BF16', NXDT + 'training_orchestrator.py:104-131'),
+                ('NEURON_RT_STOCHASTIC_ROUNDING_EN', NXDT + 'training_orchestrator.py:104-131'),
+                ('NEURON_CC_FLAGS', NXDT + 'training_orchestrator.py:44 (appends compiler_flags)'),
+                ('NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS', NXDT + 'training_orchestrator.py:41'),
+                ('BUCKET_CAP_MB', NXDT + 'training_orchestrator.py:42'), ('NEURON_RT_EXEC_TIMEOUT', NXDT + 'training_orchestrator.py:45'),
+                ('NEURON_FUSE_SOFTMAX', NXDT + 'training_orchestrator.py:35-36')]
+# (torchrun argument, value on node 3 of 16, source)
+TORCHRUN = [
+    ('--nproc_per_node', '32', NXDT + "train.sh:10-11,16 (the YAML's trainer.devices)"),
+    ('--nnodes', '16', NXDT + 'train.sh:16 ($NTASKS = $SLURM_NTASKS, one task per node)'),
+    ('--node_rank', '3', NXDT + 'train.sh:16 ($NODEID = $SLURM_NODEID)'),
+    ('--master_addr', 'trn-node-1', NXDT + 'train_setup.sh:63 (first host of the allocation)'),
+    ('--master_port', '41000', NXDT + 'train_setup.sh:64'),
+    ('--config-path', '<export>/conf', NXDT + 'train.sh:25'),
+    ('--config-name', '<recipe>_config', NXDT + 'train.sh:26'),
+]
+SBATCH = [('--exclusive', None, 'seed 4: sbatch --exclusive'), ('--nodes', '16', 'seed 4: --nodes 16'),
+          ('--cpus-per-task', '128', 'seed 4: --cpus-per-task 128')]
+
+
+def exports_of(script: str) -> dict:
+    return dict(re.findall(r'^export ([A-Za-z_][A-Za-z0-9_]*)=(.*)$', script, re.M))
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp('trn1')
+    jobs = export_nxdt('llama3_70b', d / 'run', data_root=d / 'data')
+    cfg = yaml.safe_load(jobs['train'].recipe_path.read_text())
+    Path(cfg['data']['train_dir']).mkdir(parents=True)
+    return d, jobs, cfg
+
+
+def _node3(d: Path, compile_: str) -> list[str]:
+    "train.sh as node 3 of a 16-node Slurm job runs it, with stand-ins for scontrol, torchrun, neuron_parallel_compile."
+    bin_ = d / 'bin'; bin_.mkdir(exist_ok=True); (bin_ / 'examples').mkdir(exist_ok=True)
+    tools = {'scontrol': 'printf "trn-node-1\\ntrn-node-2\\n"', 'torchrun': 'echo "torchrun $*" >> "$ARGV_LOG"',
+             'neuron_parallel_compile': 'echo "neuron_parallel_compile" >> "$ARGV_LOG"; exec "$@"'}
+    for name, body in tools.items():
+        (bin_ / name).write_text(f'#!/bin/sh\n{body}\n'); (bin_ / name).chmod(0o755)
+    log = d / f'argv{compile_}'
+    log.unlink(missing_ok=True)
+    env = {**os.environ, 'PATH': f"{bin_}:{os.environ['PATH']}", 'ARGV_LOG': str(log), 'NXDT_EXAMPLES': str(bin_ / 'examples'),
+           'COMPILE': compile_, 'SLURM_JOB_NODELIST': 'trn-node-[1-16]', 'SLURM_NNODES': '16', 'SLURM_NODEID': '3', 'SLURM_JOB_ID': '77'}
+    subprocess.run([str(d / 'run/train.sh')], env=env, check=True, capture_output=True)
+    return log.read_text().splitlines()
+
+
+def test_train_sh_environment_is_nxdts(run):
+    d, jobs, cfg = run
+    exported = exports_of((d / 'run/train.sh').read_text())
+    want = {k: v for k, v, _ in NXDT_ENV}
+    want['NEURON_COMPILE_CACHE_URL'] = '${NEURON_COMPILE_CACHE_URL:-' + cfg['compiler_cache_url'] + '}'
+    assert exported == want, {k: (exported.get(k), want.get(k)) for k in set(exported) | set(want) if exported.get(k) != want.get(k)}
+    for var, source in LEFT_TO_NXDT: assert var not in exported, (var, source)
+
+
+@pytest.mark.parametrize('arg, value, source', TORCHRUN)
+def test_torchrun_arguments_are_nxdts(run, arg, value, source):
+    d, jobs, cfg = run
+    line = next(l for l in _node3(d, '0') if l.startswith('torchrun'))
+    argv = line.split()
+    value = value.replace('<export>', str(d / 'run')).replace('<recipe>', 'llama3_70b')
+    assert argv[argv.index(arg) + 1] == value, (arg, source, line)
+    assert argv[argv.index('--nproc_per_node') + 1] == str(cfg['trainer']['devices'])
+
+
+def test_neuron_parallel_compile_only_in_the_compile_job(run):
+    d, jobs, cfg = run
+    assert _node3(d, '1')[0] == 'neuron_parallel_compile'      # NXDT train.sh:19-22
+    assert not any('neuron_parallel_compile' in l for l in _node3(d, '0'))
+    assert 'export COMPILE=1' in jobs['compile'].script and 'export COMPILE=0' in jobs['train'].script
+
+
+@pytest.mark.parametrize('flag, value, source', SBATCH)
+def test_sbatch_lines_are_seed4s(run, flag, value, source):
+    d, jobs, cfg = run
+    for job in jobs.values():
+        line = f"#SBATCH {flag}" + (f"={value}" if value else '')
+        assert line in job.script.splitlines(), (flag, source)
+    assert 'srun ' in jobs['train'].script
