@@ -48,7 +48,16 @@ for dep in "${@:3}"; do
 done
 trap 'true' TERM INT USR1
 date +%s > "$record/started"
-bash "$1"; rc=$?
+rc=143
+if [ ! -f "$record/cancelled" ]; then
+    bash "$1" &
+    child=$!
+    trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+    # cancel writes its mark before it signals: a signal that came before the trap was set is not lost
+    if [ -f "$record/cancelled" ]; then kill -TERM "$child" 2>/dev/null; fi
+    wait "$child"; rc=$?
+    while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
+fi
 echo "$rc" > "$record/exit_code.part" && mv "$record/exit_code.part" "$record/exit_code"
 exit "$rc"
 '''
