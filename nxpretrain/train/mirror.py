@@ -23,13 +23,13 @@ class S3Mirror:
             try: s3_client(endpoint_url=endpoint_url).head_bucket(Bucket=bucket)
             except Exception as e:
                 code = str(getattr(e, 'response', {}).get('Error', {}).get('Code', ''))
-                err = explain(type('E', (Exception,), {'response': {'Error': {'Code': 'NoSuchBucket'}}})() if code in ('404', 'NoSuchBucket') else e, url)
+                err = explain(e, url, code='NoSuchBucket' if code in ('404', 'NoSuchBucket') else '')
                 raise RecipeError(f"trainer.upload_to={url}: {err}") from None
 
     def __call__(self, folder) -> str | None:
         "Upload checkpoint `folder` if it is complete; returns its S3 address (None when refused or failed)."
         from nxpretrain.data.s3 import upload_dir
-        from nxpretrain.errors import DataError
+        from nxpretrain.data.corpus import DataError
         folder = Path(folder)
         try: verify_checkpoint(folder, deep=False)
         except CheckpointError as e:
