@@ -177,14 +177,14 @@ def test_data_stage_uses_ready_pairs_from_s3_as_they_are(tmp_path, endpoint):
     from nxpretrain.data.prepare import prepare_demo
     prefix, _ = prepare_demo(tmp_path / 'made')
     c = s3.s3_client(endpoint_url=endpoint)
-    for ext in ('bin', 'idx'): c.upload_file(f'{prefix}.{ext}', 'public-data', f'the_pile_gpt3/my-gpt3_00_text_document.{ext}')
+    for ext in ('bin', 'idx'): c.upload_file(f'{prefix}.{ext}', 'public-data', f'stage/the_pile_gpt3/my-gpt3_00_text_document.{ext}')
     out = tmp_path / 'data'
     (out / 'demo').mkdir(parents=True)
     (out / 'demo' / 'tokenizer.json').symlink_to(tmp_path / 'made' / 'demo' / 'tokenizer.json')
     root = Path(__file__).resolve().parents[1]
     p = subprocess.run([sys.executable, '-m', 'papermill', str(root / 'nbs' / '01_data.ipynb'), str(tmp_path / 'out.ipynb'), '-k', 'python3',
                         '-p', 'corpus', 'the_pile_gpt3', '-p', 'tokenizer', 'demo', '-p', 'output', str(out),
-                        '-p', 'source', 's3://public-data/the_pile_gpt3/*', '-p', 'no_sign_request', 'True'],
+                        '-p', 'source', 's3://public-data/stage/the_pile_gpt3/*', '-p', 'no_sign_request', 'True'],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env={**os.environ, 'AWS_ENDPOINT_URL': endpoint, 'PYTHONPATH': str(root)})
     assert p.returncode == 0, p.stderr[-2000:]
