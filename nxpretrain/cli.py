@@ -38,9 +38,9 @@ def _print_json(obj): print(json.dumps(obj, indent=1, default=str))
 
 def _recipes(a):
     from nxpretrain.recipes import CATALOG, ALIASES
-    from nxpretrain.plan import count_parameters
+    from nxpretrain.plan import model_parameters
     from nxpretrain.recipes import world_size
-    rows = [dict(name=name, parameters=count_parameters(r.model), nodes=r.cluster.nodes, profile=r.cluster.profile,
+    rows = [dict(name=name, parameters=model_parameters(r.model), nodes=r.cluster.nodes, profile=r.cluster.profile,
                  devices=world_size(r), aliases=[k for k, v in ALIASES.items() if v == name], source=r.source)
             for name, r in CATALOG.items()]
     if a.json: return _print_json(rows)
