@@ -13,7 +13,7 @@ from .families import family
 
 # %% auto #0
 __all__ = ['GiB', 'ASSUMED_MFU', 'PUBLISHED_STEP_SECONDS', 'INTRA_NODE_GBS', 'layer_parameters', 'embedding_parameters',
-           'count_parameters', 'flops_per_token', 'Memory', 'memory_per_device', 'checkpoint_bytes',
+           'model_parameters', 'flops_per_token', 'Memory', 'memory_per_device', 'checkpoint_bytes',
            'checkpoint_write_seconds', 'bubble_fraction', 'communication_seconds', 'Plan', 'plan', 'layout_options']
 
 # %% ../nbs/api/02_plan.ipynb #9a297a17
@@ -40,7 +40,7 @@ def embedding_parameters(m: ModelConfig, vocab: int | None = None) -> int:
     "Everything outside the blocks: embeddings (token, position, type), final norm, untied output, task heads."
     return _block_and_rest(m, vocab or m.vocab_size)[1]
 
-def count_parameters(m: ModelConfig, vocab: int | None = None) -> int:
+def model_parameters(m: ModelConfig, vocab: int | None = None) -> int:
     "Total parameters of the model described by `m` (tied weights counted once)."
     return m.n_layers * layer_parameters(m) + embedding_parameters(m, vocab)
 
@@ -91,7 +91,7 @@ def memory_per_device(r: Recipe, dp: int | None = None) -> Memory:
 # %% ../nbs/api/02_plan.ipynb #9621979a
 def checkpoint_bytes(r: Recipe) -> float:
     "Bytes of a full training checkpoint of `r` (model + optimizer state)."
-    return count_parameters(r.model, padded_vocab(r.model)) * (14 if r.parallel.precision == 'bf16' else 12)
+    return model_parameters(r.model, padded_vocab(r.model)) * (14 if r.parallel.precision == 'bf16' else 12)
 
 def checkpoint_write_seconds(r: Recipe, gbps: float | None = None) -> float:
     "Seconds to write one checkpoint at `gbps` GB/s (default: the recipe's cluster.storage_gbps)."
@@ -116,7 +116,7 @@ def communication_seconds(r: Recipe, dp: int) -> float:
     tp_bw = INTRA_NODE_GBS[prof.backend] if p.tp <= prof.devices_per_node else inter
     act = 2 * m.seq_len / p.cp * r.data.micro_batch * m.hidden                     # bf16 activations of one micro-batch
     tp = 4 * (m.n_layers / p.pp) * micro * act * 2 * (p.tp - 1) / p.tp / (tp_bw * 1e9) if p.tp > 1 else 0.0
-    grads = 2 * count_parameters(m) / (p.tp * p.pp)
+    grads = 2 * model_parameters(m) / (p.tp * p.pp)
     dp_bw = INTRA_NODE_GBS[prof.backend] if dp * p.tp * p.pp * p.cp <= prof.devices_per_node else inter
     return tp + (0.5 * grads * 2 * (dp - 1) / dp / (dp_bw * 1e9) if dp > 1 else 0.0)
 
@@ -191,7 +191,7 @@ def plan(r: Recipe | str, world: int | None = None, mfu: float | None = None) ->
     recompute = {'none': 1.0, 'selective': 1.0, 'full': 4 / 3}[r.parallel.activation_checkpointing]
     compute = flops_per_token(r.model, padded_vocab(r.model, r.parallel.tp)) * tokens * recompute / (world * prof.device_tflops * 1e12 * (mfu or ASSUMED_MFU[prof.backend]))
     step = compute * (1 + bubble_fraction(r, dp)) + communication_seconds(r, dp)
-    return Plan(r, world, dp, count_parameters(r.model, padded_vocab(r.model, r.parallel.tp)), mem, prof.device_gib, step, tokens,
+    return Plan(r, world, dp, model_parameters(r.model, padded_vocab(r.model, r.parallel.tp)), mem, prof.device_gib, step, tokens,
                 checkpoint_bytes(r), checkpoint_write_seconds(r), problems(r, world), _advice(r, mem, prof.device_gib))
 
 # %% ../nbs/api/02_plan.ipynb #9384dc74

@@ -169,3 +169,25 @@ def test_sync_checks_a_sha256_manifest_and_fetch_file_takes_s3(tmp_path, endpoin
     monkeypatch.setenv('AWS_ENDPOINT_URL', endpoint)                 # fetch_file's s3:// addresses: anonymous, like the seeds
     p = fetch_file('s3://public-data/manifest/a.bin', tmp_path / 'f' / 'a.bin', sha256=good['a.bin'], progress=False)
     assert p.read_bytes() == files['a.bin']
+
+
+def test_data_stage_uses_ready_pairs_from_s3_as_they_are(tmp_path, endpoint):
+    "`papermill nbs/01_data.ipynb -p source 's3://…/*' -p no_sign_request True`: seed 1's way, nothing tokenised again."
+    import subprocess, sys
+    from nxpretrain.data.prepare import prepare_demo
+    prefix, _ = prepare_demo(tmp_path / 'made')
+    c = s3.s3_client(endpoint_url=endpoint)
+    for ext in ('bin', 'idx'): c.upload_file(f'{prefix}.{ext}', 'public-data', f'stage/the_pile_gpt3/my-gpt3_00_text_document.{ext}')
+    out = tmp_path / 'data'
+    (out / 'demo').mkdir(parents=True)
+    (out / 'demo' / 'tokenizer.json').symlink_to(tmp_path / 'made' / 'demo' / 'tokenizer.json')
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, '-m', 'papermill', str(root / 'nbs' / '01_data.ipynb'), str(tmp_path / 'out.ipynb'), '-k', 'python3',
+                        '-p', 'corpus', 'the_pile_gpt3', '-p', 'tokenizer', 'demo', '-p', 'output', str(out),
+                        '-p', 'source', 's3://public-data/stage/the_pile_gpt3/*', '-p', 'no_sign_request', 'True'],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, 'AWS_ENDPOINT_URL': endpoint, 'PYTHONPATH': str(root)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = out / 'the_pile_gpt3' / 'my-gpt3_00_text_document'
+    assert all(Path(f'{got}.{ext}').read_bytes() == Path(f'{prefix}.{ext}').read_bytes() for ext in ('bin', 'idx'))
+    assert not (out / 'the_pile_gpt3' / 'manifest.d').exists()                    # nothing was tokenised

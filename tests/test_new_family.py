@@ -64,8 +64,8 @@ def test_it_plans_with_its_own_parameter_count_and_refusals():
     from nxpretrain.models.blocks import count_parameters
     from nxpretrain.recipes import problems
     r = get_recipe('gpt3_tiny', 'model.arch=swigpt')
-    assert count_parameters(build_model(r.model)) == plan.count_parameters(r.model, padded_vocab(r.model))
-    assert plan.plan(r).parameters == plan.count_parameters(r.model, padded_vocab(r.model, r.parallel.tp))
+    assert count_parameters(build_model(r.model)) == plan.model_parameters(r.model, padded_vocab(r.model))
+    assert plan.plan(r).parameters == plan.model_parameters(r.model, padded_vocab(r.model, r.parallel.tp))
     assert any('parallel.cp>1 with model.arch=swigpt' in p for p in problems(get_recipe('gpt3_tiny', 'model.arch=swigpt', 'parallel.cp=2'), 2))
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import json
 import yaml
 from ..recipes import Recipe, RecipeError, ModelConfig, get_recipe, validate
-from .nxdt_contract import EXAMPLES, example_name, flat
+from .nxdt_contract import EXAMPLES, NXDT_RECIPES, differences, example_name, flat
 from ..clusters import profile
 from ..families import family
 from .job import Job, export_lines, plain_value, job_name, resolve_cluster
@@ -17,7 +17,7 @@ from .slurm import sbatch_header
 
 # %% auto #0
 __all__ = ['NXDT_ENV', 'TRAIN_SH', 'recompute_modules', 'corpus_prefix', 'data_prefix', 'gpt2_files', 'llama_config_json',
-           'nxdt_config', 'train_sh', 'export_nxdt', 'parse_compile_log']
+           'nxdt_config', 'train_sh', 'export_nxdt', 'parse_compile_log', 'catalog_differences']
 
 # %% ../../nbs/api/52_nxdt.ipynb #8084227e
 _RECOMPUTE = {'hf': {'attention': 'CoreAttention', 'mlp': 'LlamaMLP', 'layer': 'LlamaDecoderLayer'},
@@ -36,16 +36,16 @@ def recompute_modules(recipe: Recipe, source: str) -> list[str]:
 # %% ../../nbs/api/52_nxdt.ipynb #9e713065
 def corpus_prefix(recipe: Recipe, data_root='runs/data') -> str:
     "The `.bin/.idx` prefix our data stage writes (or wrote) for `recipe.data.corpus`, absolute."
-    from nxpretrain.data.prepare import CORPORA, _prepared_prefix, _prefix, _units, corpus_dir
+    from nxpretrain.data.prepare import CORPORA, prepared_prefix, unit_prefix, stage_units, corpus_dir
     from nxpretrain.errors import DataError
     d = recipe.data
     if d.corpus not in CORPORA: return str(Path(d.corpus).absolute())
     c = CORPORA[d.corpus]
-    try: return str(Path(_prepared_prefix(c, d.tokenizer, data_root)).absolute())
+    try: return str(Path(prepared_prefix(c, d.tokenizer, data_root)).absolute())
     except DataError: pass
     if c.prepared: return str((corpus_dir(c, data_root) / 'raw' / c.files[0]).with_suffix('').absolute())
-    units = _units(c, 'tokenize')
-    first = Path(_prefix(c, data_root, d.tokenizer, units[0]))
+    units = stage_units(c, 'tokenize')
+    first = Path(unit_prefix(c, data_root, d.tokenizer, units[0]))
     return str((first if len(units) == 1 else first.parent / f"{c.name}_text_document").absolute())
 
 def data_prefix(recipe: Recipe, data_root='runs/data') -> list:
@@ -260,3 +260,14 @@ def parse_compile_log(text: str) -> dict:
         found = re.findall(r'\|\|(?:NEURON_)?PARALLEL_COMPILE\|\|:\s*' + pat, text)
         if found: out[key] = int(found[-1])
     return out
+
+# %% ../../nbs/api/52_nxdt.ipynb #012c20e1
+def catalog_differences(names=NXDT_RECIPES) -> list[dict]:
+    "`differences` rows of every NxDT-bound catalog recipe."
+    rows = []
+    for name in names:
+        r = get_recipe(name)
+        cfg = nxdt_config(r, profile(r.cluster.profile).devices_per_node, r.cluster.nodes, '/runs', model_config='/runs/conf/config.json')
+        cfg['compiler_cache_url'] = '/runs/neuron-cache'
+        rows += differences(cfg, r)
+    return rows
