@@ -1162,6 +1162,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'nxpretrain.recipes._llama_recipes': ('api/recipes.html#_llama_recipes', 'nxpretrain/recipes.py'),
                                     'nxpretrain.recipes._no_field': ('api/recipes.html#_no_field', 'nxpretrain/recipes.py'),
                                     'nxpretrain.recipes._r': ('api/recipes.html#_r', 'nxpretrain/recipes.py'),
+                                    'nxpretrain.recipes._schedule_problems': ( 'api/recipes.html#_schedule_problems',
+                                                                               'nxpretrain/recipes.py'),
                                     'nxpretrain.recipes.choice_fields': ('api/recipes.html#choice_fields', 'nxpretrain/recipes.py'),
                                     'nxpretrain.recipes.data_parallel_size': ( 'api/recipes.html#data_parallel_size',
                                                                                'nxpretrain/recipes.py'),
