@@ -164,6 +164,8 @@ def test_jobs_without_slurm_lists_this_machines_jobs(workdir, no_slurm):
     "With no Slurm, `jobs` still answers for the schedulers that do (this machine): JSON rows, no Slurm words."
     rc, out, err = run('jobs', '--json')
     assert rc == 0 and isinstance(json.loads(out), list) and 'sbatch' not in err + out, err
+    text = ok('jobs')
+    assert max(map(len, text.splitlines())) <= 100, text
 
 
 @pytest.mark.skipif(not shutil.which('sbatch') or Path('/etc/slurm/slurm.conf').exists(),
