@@ -13,7 +13,7 @@ import argparse, copy, statistics, time, sys, os
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 import torch.nn.functional as F
-from nxpretrain.recipes import get_recipe, padded_vocab
+from nxpretrain.recipes import get_recipe, padded_vocab, override
 from nxpretrain.models import build_model, count_parameters
 from nxpretrain.models.hf import to_hf_config, from_hf_state_dict
 from nxpretrain.perf import measure_matmul_tflops, model_flops_per_token
@@ -45,13 +45,31 @@ def trainer(forward, model, tokens, bf16):
         return loss.item()
     return step
 
+def engine_trainer(model, tokens, bf16, recipe, state):
+    "The trainer's step: the parallel engine in a world of one (loss over global counts, global norm, clipping, fused AdamW)."
+    from nxpretrain.parallel.engine import parallelize
+    from nxpretrain.train.optim import optimizer_spec
+    r = override(recipe, f'data.micro_batch={tokens.shape[0]}', f'data.global_batch={tokens.shape[0]}',
+                 f"parallel.precision={'bf16' if bf16 else 'fp32'}", 'optim.lr=1e-4', 'optim.weight_decay=0.0')
+    pm = parallelize(model, r, state)
+    cls, kw = optimizer_spec(r.optim, fused=True)
+    opt = pm.build_optimizer(cls, **kw)
+    def step():
+        loss = pm.forward_backward(tokens[:, :-1], tokens[:, 1:])
+        pm.clip_grad_norm_(1.0); opt.step(); opt.zero_grad(set_to_none=True)
+        return loss.item()
+    return step
+
 def main():
     a = parse()
     import transformers as T
     T.logging.set_verbosity_error()
     torch.set_num_threads(a.threads)
-    cfg = get_recipe('gpt3_tiny', f'model.n_layers={a.layers}', f'model.hidden={a.hidden}', f'model.n_heads={a.heads}',
-                     f'model.vocab_size={a.vocab}', f'model.seq_len={a.seq}').model
+    recipe = get_recipe('gpt3_tiny', f'model.n_layers={a.layers}', f'model.hidden={a.hidden}', f'model.n_heads={a.heads}',
+                        f'model.vocab_size={a.vocab}', f'model.seq_len={a.seq}', 'model.dropout=0.0')
+    cfg = recipe.model
+    from nxpretrain.parallel.state import parallel_session
+    session = parallel_session(recipe, 'cpu'); state = session.__enter__()   # a world of one for the engine rows
     V = padded_vocab(cfg)
     print(f"torch {torch.__version__}, transformers {T.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{a.threads} threads, batch {a.batch} × seq {a.seq}")
@@ -77,6 +95,7 @@ def main():
             models['nxpretrain GPT compiled'] = copy.deepcopy(ours)
             fwd['nxpretrain GPT compiled'] = torch.compile(models['nxpretrain GPT compiled'])
         steps = {k: trainer(fwd[k], models[k], tokens, bf16) for k in models}
+        steps['nxpretrain trainer step (engine, world of one)'] = engine_trainer(copy.deepcopy(ours), tokens, bf16, recipe, state)
         losses = {}
         for k, s in steps.items():
             t0 = time.perf_counter()
@@ -99,6 +118,7 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for prec, k, tps, ratio, tpc, ratio_cpu, m, loss in rows:
         print(f"| {prec} | {k} | {tps:.0f} | {ratio:.2f} | {tpc:.0f} | {ratio_cpu:.2f} | {m:.2f} | {loss:.4f} |")
+    session.__exit__(None, None, None)
     print("\nCPU time (process_time, all threads) is less sensitive than wall time to other processes on a shared machine; "
           "a ratio > 1 means nxpretrain is faster.")
 

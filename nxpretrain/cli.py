@@ -13,7 +13,7 @@ __all__ = ['EXAMPLES', 'parse_args', 'main']
 # %% ../nbs/api/08_cli.ipynb #9830bc2f
 EXAMPLES = {
     'recipes': ['nxpretrain recipes', 'nxpretrain recipes --json'],
-    'show': ['nxpretrain show gpt3_23b optim.lr=1e-4', 'nxpretrain show --json gpt3_tiny parallel.tp=2'],
+    'show': ['nxpretrain show gpt3_23b optim.lr=1e-4', 'nxpretrain show --json gpt3_tiny cluster.profile=cpu parallel.tp=2'],
     'plan': ['nxpretrain plan llama3_70b parallel.pp=4', 'nxpretrain plan --world 256 gpt3_23b --json'],
     'train': ['nxpretrain train gpt3_tiny --max-steps 50',
               'nxpretrain train gpt3_tiny cluster.profile=cpu parallel.tp=2 --max-steps 20',
@@ -30,7 +30,7 @@ EXAMPLES = {
                  'nxpretrain evaluate --json runs/gpt3_tiny/checkpoints/step_50 --steps 2'],
     'export-hf': ['nxpretrain export-hf runs/gpt3_tiny/checkpoints/step_50 runs/hf/gpt3_tiny'],
     'import-hf': ['nxpretrain import-hf runs/hf/gpt3_tiny runs/gpt3_tiny_from_hf'],
-    'demo': ['nxpretrain demo', 'nxpretrain demo --model llama3_tiny --max-steps 100'],
+    'demo': ['nxpretrain demo'],
 }
 
 # %% ../nbs/api/08_cli.ipynb #8f51ec24
@@ -38,9 +38,9 @@ def _print_json(obj): print(json.dumps(obj, indent=1, default=str))
 
 def _recipes(a):
     from nxpretrain.recipes import CATALOG, ALIASES
-    from nxpretrain.plan import count_parameters
+    from nxpretrain.plan import model_parameters
     from nxpretrain.recipes import world_size
-    rows = [dict(name=name, parameters=count_parameters(r.model), nodes=r.cluster.nodes, profile=r.cluster.profile,
+    rows = [dict(name=name, parameters=model_parameters(r.model), nodes=r.cluster.nodes, profile=r.cluster.profile,
                  devices=world_size(r), aliases=[k for k, v in ALIASES.items() if v == name], source=r.source)
             for name, r in CATALOG.items()]
     if a.json: return _print_json(rows)
@@ -88,14 +88,21 @@ def _jobs(a):
     from nxpretrain.launch.launcher import job_table
     table = job_table()
     if a.json: return print(table.to_json(orient='records', indent=1))
-    print(table.to_string(index=False) if len(table) else 'no jobs')
+    if not len(table): return print('no jobs')
+    from nxpretrain.machine import Table
+    rows = [[j.job_id, j.state, j.scheduler, j.name, f"{j.elapsed_s:.0f} s", j.reason] for j in table.itertuples()]
+    print(Table(['job', 'state', 'scheduler', 'name', 'elapsed', 'why'], rows).text())
+    print("\na job's log: nxpretrain tail JOB; every field (log, nodes, exit code…): nxpretrain jobs --json")
 
 def _tail(a):
     from nxpretrain.launch.launcher import tail
     print(tail(a.job_id, a.n))
 
 def _cancel(a):
-    from nxpretrain.launch.launcher import cancel
+    from nxpretrain.errors import LaunchError
+    from nxpretrain.launch.launcher import cancel, status, JobState
+    if a.signal and status(a.job_id).state == JobState.PENDING:   # scancel would retry for a minute, then fail
+        raise LaunchError(f"job {a.job_id} is still queued: only a running job takes a signal; cancel it without --signal")
     cancel(a.job_id, a.signal)
     print(f"job {a.job_id}: " + (f"sent {a.signal}" if a.signal else 'cancelled'))
 
@@ -216,3 +223,7 @@ def main(argv=None):
     except NxpError as e:
         print(f"nxpretrain {a.command}: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    except BrokenPipeError:                        # `nxpretrain jobs | head`: the reader left, nothing to say
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -5,22 +5,24 @@
 # %% ../nbs/api/00_recipes.ipynb #e1493b01
 from __future__ import annotations
 import dataclasses, typing, math, copy, re
+from typing import Literal
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
 from .errors import RecipeError
 from .clusters import profile
+from .families import family
 
 # %% auto #0
-__all__ = ['DEMO_VOCAB', 'CATALOG', 'ALIASES', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig', 'TrainerConfig',
-           'ClusterConfig', 'Recipe', 'field_keys', 'nearest_field', 'from_dict', 'to_dict', 'to_yaml', 'from_yaml',
-           'override', 'recipe_value', 'padded_vocab', 'world_size', 'data_parallel_size', 'problems', 'validate',
-           'resolve_name', 'get_recipe']
+__all__ = ['RecomputeKind', 'DEMO_VOCAB', 'CATALOG', 'ALIASES', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig',
+           'TrainerConfig', 'ClusterConfig', 'Recipe', 'field_keys', 'nearest_field', 'from_dict', 'to_dict', 'to_yaml',
+           'from_yaml', 'override', 'recipe_value', 'padded_vocab', 'world_size', 'data_parallel_size', 'choice_fields',
+           'problems', 'validate', 'resolve_name', 'get_recipe']
 
 # %% ../nbs/api/00_recipes.ipynb #6f92bc64
 @dataclass
 class ModelConfig:
-    arch: str = 'gpt'                  # gpt | llama | bert
+    arch: str = 'gpt'                  # a model family: gpt | llama | bert, or a registered one
     n_layers: int = 2
     hidden: int = 64
     n_heads: int = 4
@@ -48,6 +50,8 @@ class ModelConfig:
     def positions(self): return self.max_position or self.seq_len
 
 # %% ../nbs/api/00_recipes.ipynb #8f95c11d
+RecomputeKind = Literal['block', 'attention', 'mlp', 'core', 'attention_norm', 'ffn_norm']   # what selective recompute can name
+
 @dataclass
 class ParallelConfig:
     tp: int = 1                          # tensor parallel
@@ -58,12 +62,12 @@ class ParallelConfig:
     zero1: bool = False                  # shard optimizer state over DP
     fsdp: bool = False                   # FSDP2: shard parameters, grads and optimizer state over DP
     virtual_pp: int = 1                  # interleaved pipeline chunks per rank
-    pp_schedule: str = '1f1b'            # 1f1b | interleaved | gpipe
+    pp_schedule: Literal['1f1b', 'interleaved', 'gpipe'] = '1f1b'
     pp_cuts: list | None = None          # manual cuts: first layer of each stage after the first
     kv_replicator: int = 1               # replicate K/V heads when TP > kv heads (NxD kv_size_multiplier)
-    activation_checkpointing: str = 'none'  # none | full | selective
-    checkpoint_modules: list = field(default_factory=list)  # for selective: module kinds, e.g. [attention, mlp]
-    precision: str = 'bf16'              # bf16 (mixed, fp32 master weights) | fp32
+    activation_checkpointing: Literal['none', 'full', 'selective'] = 'none'
+    checkpoint_modules: list[RecomputeKind] = field(default_factory=list)  # for selective, e.g. [attention, mlp]
+    precision: Literal['bf16', 'fp32'] = 'bf16'   # bf16: mixed, fp32 master weights
 
 # %% ../nbs/api/00_recipes.ipynb #85b5558b
 @dataclass
@@ -79,14 +83,14 @@ class DataConfig:
 # %% ../nbs/api/00_recipes.ipynb #878837a4
 @dataclass
 class OptimConfig:
-    name: str = 'adamw'                  # adamw | lamb
+    name: Literal['adamw', 'lamb'] = 'adamw'
     lr: float = 3e-4
     min_lr: float = 3e-5
     weight_decay: float = 0.1
     betas: list = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     warmup_steps: int = 10
-    decay: str = 'cosine'                # cosine | linear | constant
+    decay: Literal['cosine', 'linear', 'constant'] = 'cosine'
     decay_steps: int | None = None       # None = trainer.max_steps
     clip_grad: float = 1.0
 
@@ -102,7 +106,7 @@ class TrainerConfig:
     keep_last: int = 2
     seed: int = 1234
     out_dir: str = 'runs'
-    device: str = 'auto'                 # auto | cpu | cuda | neuron
+    device: Literal['auto', 'cpu', 'cuda', 'neuron'] = 'auto'
     threads: int = 0                     # CPU threads per process; 0 = torch default
     resume: bool = True                  # auto-resume from the newest complete checkpoint
     upload_to: str = ''                  # s3://bucket/prefix: copy each complete checkpoint there (nxpretrain.train.mirror)
@@ -137,13 +141,19 @@ def _coerce(value, tp, where):
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, getattr(__import__('types'), 'UnionType', None)):
         if value is None and type(None) in args: return None
-        tp = next(a for a in args if a is not type(None)); origin = typing.get_origin(tp)
+        tp = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
     if dataclasses.is_dataclass(tp): return from_dict(tp, value, where)
+    if origin is typing.Literal:
+        if value in args: return value
+        raise RecipeError(f"{where}={value!r}: choose one of {', '.join(map(str, args))}")
     base = origin or tp
     if base is float and isinstance(value, int) and not isinstance(value, bool): return float(value)
     if base is float and isinstance(value, str):
         try: return float(value)
         except ValueError: pass
+    if base is list and isinstance(value, list) and args:
+        return [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
     if base in (list, dict) and isinstance(value, base): return copy.deepcopy(value)
     if base in (int, float, str, bool) and type(value) is base: return value
     raise RecipeError(f"{where}: expected {getattr(base, '__name__', base)}, got {value!r}; fix the value")
@@ -244,15 +254,33 @@ def data_parallel_size(recipe: Recipe, world: int | None = None) -> int:
     return world // (p.tp * p.pp * p.cp) if world % (p.tp * p.pp * p.cp) == 0 else 0
 
 # %% ../nbs/api/00_recipes.ipynb #64d620bc
-_CHOICES = {'model.arch': ('gpt', 'llama', 'bert'), 'parallel.activation_checkpointing': ('none', 'full', 'selective'),
-            'parallel.precision': ('bf16', 'fp32'), 'parallel.pp_schedule': ('1f1b', 'interleaved', 'gpipe'),
-            'optim.name': ('adamw', 'lamb'), 'optim.decay': ('cosine', 'linear', 'constant'),
-            'trainer.device': ('auto', 'cpu', 'cuda', 'neuron')}
+def choice_fields(cls=None, prefix: str = '') -> dict:
+    "{dotted key: allowed values} of every `Literal`-typed field of a recipe: the choices live in the types."
+    out = {}
+    for f in dataclasses.fields(cls or Recipe):
+        tp = _field_types(cls or Recipe)[f.name]
+        if dataclasses.is_dataclass(tp): out.update(choice_fields(tp, f'{prefix}{f.name}.'))
+        elif typing.get_origin(tp) is typing.Literal: out[prefix + f.name] = typing.get_args(tp)
+    return out
+
+def _schedule_problems(recipe: Recipe, n_mb: int) -> list[str]:
+    "What the pipeline schedule refuses for `n_mb` micro-batches per step (torch.distributed.pipelining's rules)."
+    p, d = recipe.parallel, recipe.data
+    step = d.global_batch // n_mb   # sequences per micro-batch over every DP rank
+    if p.pp_schedule == 'interleaved' or p.virtual_pp > 1:
+        rounds = max(1, n_mb // p.pp)
+        if n_mb % rounds:
+            return [f"data.global_batch={d.global_batch}: the interleaved pipeline's {n_mb} micro-batches per step are not a "
+                    f"multiple of its {rounds} rounds of parallel.pp={p.pp}; use a global batch of a multiple of {step * p.pp}"]
+    elif p.pp_schedule == '1f1b' and n_mb < p.pp:
+        return [f"data.global_batch={d.global_batch} gives {n_mb} micro-batches per step, fewer than parallel.pp={p.pp} "
+                f"stages (1F1B needs one per stage): raise it to {step * p.pp} or use parallel.pp_schedule=gpipe"]
+    return []
 
 def problems(recipe: Recipe, world: int | None = None) -> list[str]:
     "Every inconsistency of `recipe` for `world` devices, one line each: the field, what is wrong, the fix."
     m, p, d, out = recipe.model, recipe.parallel, recipe.data, []
-    for key, allowed in _CHOICES.items():
+    for key, allowed in choice_fields().items():
         if recipe_value(recipe, key) not in allowed: out.append(f"{key}={recipe_value(recipe, key)!r}: choose one of {', '.join(allowed)}")
     for key in ('parallel.tp', 'parallel.pp', 'parallel.cp', 'parallel.virtual_pp', 'data.micro_batch', 'data.global_batch',
                 'model.n_layers', 'model.hidden', 'model.n_heads', 'model.seq_len', 'trainer.max_steps'):
@@ -282,8 +310,10 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
     if p.zero1 and p.fsdp: out.append("parallel.zero1 and parallel.fsdp are both set: FSDP already shards optimizer state; keep one")
     if p.activation_checkpointing == 'selective' and not p.checkpoint_modules:
         out.append("parallel.activation_checkpointing=selective needs parallel.checkpoint_modules, e.g. [attention, mlp]")
-    if m.arch == 'llama' and m.head_dim % 2: out.append(f"model.hidden/n_heads={m.head_dim}: RoPE needs an even head dimension")
-    if m.arch != 'llama' and m.positions < m.seq_len: out.append(f"model.max_position={m.positions} < model.seq_len={m.seq_len}: raise max_position")
+    try: out += family(m.arch).problems(recipe)   # what the model family supports and needs
+    except RecipeError as e: out.append(str(e))
+    if p.pp_cuts and p.virtual_pp > 1:
+        out.append("parallel.pp_cuts with parallel.virtual_pp>1: manual cuts name pp stages; drop one of them")
     if m.vocab_size < 2: out.append(f"model.vocab_size={m.vocab_size}: must be the tokenizer's vocabulary size")
     if m.make_vocab_size_divisible_by < 1: out.append("model.make_vocab_size_divisible_by must be ≥ 1 (Megatron uses 128)")
     try: world = world or world_size(recipe)
@@ -295,6 +325,7 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
         if p.dp not in (-1, dp): out.append(f"parallel.dp={p.dp} but the world gives {world}/(tp·pp·cp)={dp}: set parallel.dp=-1 or {dp}")
         if d.global_batch % (d.micro_batch * dp):
             out.append(f"data.global_batch={d.global_batch} is not divisible by data.micro_batch×DP={d.micro_batch}×{dp}: use a multiple of {d.micro_batch * dp}")
+        elif p.pp > 1: out += _schedule_problems(recipe, d.global_batch // (d.micro_batch * dp))
     if recipe.trainer.upload_to and not recipe.trainer.upload_to.startswith('s3://'):
         out.append(f"trainer.upload_to={recipe.trainer.upload_to!r}: give an s3://bucket/prefix address, or '' for no upload")
     if recipe.optim.warmup_steps > recipe.trainer.max_steps: out.append(f"optim.warmup_steps={recipe.optim.warmup_steps} exceeds trainer.max_steps={recipe.trainer.max_steps}: shorten the warmup")
@@ -355,79 +386,98 @@ def _gpt3_p4de(name, model, parallel, micro, gbs, optim, max_steps, eval_steps, 
 # fp32 on CPU: many CPUs (AVX2-only ones among them) have no bf16 instructions, and bf16 matmuls there run ~50× slower
 _CPU_PAR = dict(precision='fp32')
 
-def _catalog() -> dict:
+def _cpu_recipes() -> list:
+    "The tiny CPU recipes: the demo and the tests."
     cpu = dict(profile='local', nodes=1)
-    return {r.name: r for r in [
-        _r('gpt3_tiny', dict(arch='gpt', n_layers=4, hidden=128, n_heads=4, vocab_size=DEMO_VOCAB, seq_len=128), _CPU_PAR,
-           data=dict(micro_batch=8, global_batch=8), optim=dict(lr=3e-3, min_lr=3e-4, warmup_steps=20, weight_decay=0.1),
-           trainer=dict(max_steps=300, log_every=10, eval_every=100, save_every=100, threads=2), cluster=cpu,
-           source='nxpretrain: CPU demo', notes='trains on the embedded demo corpus in minutes on 2 cores'),
-        _r('llama3_tiny', dict(arch='llama', n_layers=4, hidden=128, n_heads=8, n_kv_heads=2, ffn_hidden=352, vocab_size=DEMO_VOCAB,
-                               seq_len=128, rope_theta=500000.0, tie_embeddings=False), _CPU_PAR,
-           data=dict(micro_batch=8, global_batch=8), optim=dict(lr=3e-3, min_lr=3e-4, warmup_steps=20),
-           trainer=dict(max_steps=300, log_every=10, eval_every=100, save_every=100, threads=2), cluster=cpu,
-           source='nxpretrain: CPU demo', notes='Llama-3 architecture (GQA, RoPE θ 5e5, SwiGLU) at demo size'),
-        # the demo BPE has no [CLS] [SEP] [MASK] [PAD]: they take the 4 ids after it
-        _r('bert_tiny', dict(arch='bert', n_layers=2, hidden=128, n_heads=4, vocab_size=DEMO_VOCAB + 4, seq_len=128, max_position=512), _CPU_PAR,
-           data=dict(micro_batch=8, global_batch=8, split='95,5,0'),
-           optim=dict(name='lamb', lr=5e-3, min_lr=5e-4, warmup_steps=20, weight_decay=0.01, betas=[0.9, 0.999], eps=1e-6),
-           trainer=dict(max_steps=200, log_every=10, eval_every=100, eval_steps=4, save_every=100, threads=2), cluster=cpu,
-           source='nxpretrain: CPU demo', notes='MLM + NSP with LAMB, as seed 3 trains BERT-large'),
-        _gpt3_trn1('gpt3_23b', 28, 8192, 64, 8, 4, 4, dict(activation_checkpointing='selective', checkpoint_modules=['attention'])),
-        _gpt3_trn1('gpt3_46b', 56, 8192, 64, 8, 8, 8, dict(activation_checkpointing='full')),
-        _gpt3_trn1('gpt3_175b', 96, 12288, 96, 32, 8, 8, dict(activation_checkpointing='full'), gbs=256,
-                   notes='the tutorial says GBS 32×nodes (256 on 8 nodes), its script 8×nodes (64); lr 5e-5 as in the script'),
-        _r('gpt3_175b_gpu', dict(arch='gpt', n_layers=96, hidden=12288, n_heads=96, vocab_size=_GPT2_VOCAB, seq_len=2048, init_std=0.006),
-           dict(tp=8, pp=16, sequence_parallel=True, zero1=True), dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=512),
-           dict(lr=6e-5, min_lr=6e-6, weight_decay=0.1, warmup_steps=2000, clip_grad=1.0),
-           dict(max_steps=250000, save_every=10000, eval_every=1000, eval_steps=10, log_every=1),
-           dict(profile='nd_h100_v5', nodes=16, storage_gbps=19.2),
-           source='seed 2: Megatron-LM GPT-3 175B on Azure ND H100 v5 (SlimPajama)', notes='GBS ≈ 16×GPUs; checkpoint ≈ 2.3 TiB'),
-        _gpt3_p4de('gpt3_175b_p4de', dict(n_layers=96, hidden=12288, n_heads=96, init_std=0.006),
-                   dict(tp=4, pp=8, virtual_pp=12, pp_schedule='interleaved', sequence_parallel=True, zero1=True,
-                        activation_checkpointing='selective', checkpoint_modules=['attention']),
-                   1, 2048, dict(lr=0.9e-4, min_lr=0.9e-5, warmup_steps=115, decay_steps=75000 - 12500), 75000, 20, 16,
-                   notes="NeMo's gpt3/175b.yaml (TP 4, PP 8, VPP 12, GBS 2048) on the seed's 16 nodes instead of NeMo's 128: "
-                         "DP 4, so each step accumulates 512 micro-batches"),
-        _gpt3_p4de('gpt3_126m_p4de', dict(n_layers=12, hidden=768, n_heads=12, init_std=0.023), {},
-                   4, 256, dict(lr=6e-4, min_lr=6e-5, warmup_steps=636, decay_steps=600000 - 100000), 600000, 50, 8,
-                   notes="the seed's smaller submit example (submit-gpt3-04b8…) names no hyperparameters; this is NeMo's "
-                         "gpt3/126m.yaml on its 8 nodes, the smallest GPT-3 NeMo configures"),
-        _r('gpt3_125m', dict(arch='gpt', n_layers=12, hidden=768, n_heads=12, vocab_size=_GPT2_VOCAB, seq_len=2048),
-           data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=8, global_batch=256), optim=dict(lr=6e-4, min_lr=6e-5, warmup_steps=375),
-           trainer=dict(max_steps=100000), cluster=dict(profile='p5.48xlarge', nodes=1), source='GPT-3 paper table 2.1 (Small)'),
-        _r('gpt3_64m', dict(arch='gpt', n_layers=12, hidden=512, n_heads=8, vocab_size=_GPT2_VOCAB, seq_len=1024),
-           data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=32), optim=dict(lr=6e-5, min_lr=6e-6, warmup_steps=100),
-           trainer=dict(max_steps=1000, save_every=1000, eval_every=1000), cluster=dict(profile='nd_h100_v5', nodes=2),
-           source='seed 2: the "375M" two-node system check', notes='the tutorial calls this 375M (alias gpt3_375m); its numbers (12 × 512, GPT-2 vocab) make ≈ 64M parameters'),
-        _r('gpt3_356m', dict(arch='gpt', n_layers=24, hidden=1024, n_heads=16, vocab_size=_GPT2_VOCAB, seq_len=2048),
-           data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=256), optim=dict(lr=3e-4, min_lr=3e-5, warmup_steps=375),
-           trainer=dict(max_steps=100000), cluster=dict(profile='nd_h100_v5', nodes=2),
-           source='seed 2: the "857M" example', notes='the tutorial calls this 857M (alias gpt3_857m); its numbers (24 × 1024, GPT-2 vocab) make ≈ 356M parameters'),
-        _r('bert_large', dict(arch='bert', n_layers=24, hidden=1024, n_heads=16, vocab_size=_BERT_VOCAB, seq_len=128, max_position=512, norm_eps=1e-12, dropout=0.1),
-           dict(precision='bf16'), dict(corpus='bert_wikicorpus_hdf5_128', tokenizer='bert-large-uncased', micro_batch=16, global_batch=16 * 32 * 512),
-           dict(lr=4e-4, min_lr=0.0, weight_decay=0.01, warmup_steps=2000, decay='linear', betas=[0.9, 0.999], eps=1e-6),
-           dict(max_steps=28125, save_every=1000), dict(profile='trn1.32xlarge', nodes=16),
-           source='seed 3: BERT-large phase 1 on trn1 (DP only)', notes='16 per core × 32 accumulation × 512 cores; LAMB variant: optim.name=lamb optim.lr=6e-3 trainer.max_steps=7032'),
-        _r('bert_large_ph2', dict(arch='bert', n_layers=24, hidden=1024, n_heads=16, vocab_size=_BERT_VOCAB, seq_len=512, max_position=512, norm_eps=1e-12, dropout=0.1),
-           dict(precision='bf16'), dict(corpus='bert_wikicorpus_hdf5_512', tokenizer='bert-large-uncased', micro_batch=2, global_batch=2 * 512 * 512),
-           dict(lr=2.8e-4, min_lr=0.0, weight_decay=0.01, warmup_steps=200, decay='linear', betas=[0.9, 0.999], eps=1e-6),
-           dict(max_steps=1563, save_every=100), dict(profile='trn1.32xlarge', nodes=16),
-           source='seed 3: BERT-large phase 2 (seq 512) on trn1', notes='initialise from the phase-1 checkpoint'),
-        _r('llama3_8b', dict(_LLAMA70, n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336),
-           dict(tp=32, zero1=True, sequence_parallel=True, kv_replicator=4, activation_checkpointing='selective', checkpoint_modules=['attention']),
-           _LLAMA_DATA, dict(_NXDT_OPT, lr=1.5e-4, min_lr=0.0, weight_decay=0.01, betas=[0.9, 0.999], decay='linear', warmup_steps=100),
-           dict(_NXDT_TRAIN, max_steps=10000), dict(profile='trn1.32xlarge', nodes=4),
-           source='NxD Training hf_llama3_8B config'),
-        _r('llama3_70b', _LLAMA70, _LLAMA70_PAR, _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN, dict(profile='trn1.32xlarge', nodes=16),
-           source='seed 4: NxD Training Llama-3 70B on trn1'),
-        _r('llama3_70b_trn2', _LLAMA70, dict(_LLAMA70_PAR, pp=4, pp_cuts=[18, 39, 60]), _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN,
-           dict(profile='trn2.48xlarge', nodes=8), source='seed 4: NxD Training Llama-3 70B on trn2 (LNC 2)'),
-        _r('llama3_70b_cp', _LLAMA70, dict(_LLAMA70_PAR, cp=2), _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN, dict(profile='trn1.32xlarge', nodes=16),
-           source='seed 4: NxD Training Llama-3 70B with context parallel 2 (ring attention)'),
-        _r('llama31_70b', dict(_LLAMA70, rope_scaling=_LLAMA31_SCALING, seq_len=8192), _LLAMA70_PAR, _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN,
-           dict(profile='trn1.32xlarge', nodes=16), source='seed 4: NxD Training Llama-3.1 70B on trn1'),
-    ]}
+    return [
+    _r('gpt3_tiny', dict(arch='gpt', n_layers=4, hidden=128, n_heads=4, vocab_size=DEMO_VOCAB, seq_len=128), _CPU_PAR,
+       data=dict(micro_batch=8, global_batch=8), optim=dict(lr=3e-3, min_lr=3e-4, warmup_steps=20, weight_decay=0.1),
+       trainer=dict(max_steps=300, log_every=10, eval_every=100, save_every=100, threads=2), cluster=cpu,
+       source='nxpretrain: CPU demo', notes='trains on the embedded demo corpus in minutes on 2 cores'),
+    _r('llama3_tiny', dict(arch='llama', n_layers=4, hidden=128, n_heads=8, n_kv_heads=2, ffn_hidden=352, vocab_size=DEMO_VOCAB,
+                           seq_len=128, rope_theta=500000.0, tie_embeddings=False), _CPU_PAR,
+       data=dict(micro_batch=8, global_batch=8), optim=dict(lr=3e-3, min_lr=3e-4, warmup_steps=20),
+       trainer=dict(max_steps=300, log_every=10, eval_every=100, save_every=100, threads=2), cluster=cpu,
+       source='nxpretrain: CPU demo', notes='Llama-3 architecture (GQA, RoPE θ 5e5, SwiGLU) at demo size'),
+    # the demo BPE has no [CLS] [SEP] [MASK] [PAD]: they take the 4 ids after it
+    _r('bert_tiny', dict(arch='bert', n_layers=2, hidden=128, n_heads=4, vocab_size=DEMO_VOCAB + 4, seq_len=128, max_position=512), _CPU_PAR,
+       data=dict(micro_batch=8, global_batch=8, split='95,5,0'),
+       optim=dict(name='lamb', lr=5e-3, min_lr=5e-4, warmup_steps=20, weight_decay=0.01, betas=[0.9, 0.999], eps=1e-6),
+       trainer=dict(max_steps=200, log_every=10, eval_every=100, eval_steps=4, save_every=100, threads=2), cluster=cpu,
+       source='nxpretrain: CPU demo', notes='MLM + NSP with LAMB, as seed 3 trains BERT-large'),
+    ]
+
+def _gpt3_recipes() -> list:
+    "GPT-3 at the seeds' sizes: trn1 (seed 0), Megatron on H100 (seed 2), NeMo on p4de (seed 1)."
+    return [
+    _gpt3_trn1('gpt3_23b', 28, 8192, 64, 8, 4, 4, dict(activation_checkpointing='selective', checkpoint_modules=['attention'])),
+    _gpt3_trn1('gpt3_46b', 56, 8192, 64, 8, 8, 8, dict(activation_checkpointing='full')),
+    _gpt3_trn1('gpt3_175b', 96, 12288, 96, 32, 8, 8, dict(activation_checkpointing='full'), gbs=256,
+               notes='the tutorial says GBS 32×nodes (256 on 8 nodes), its script 8×nodes (64); lr 5e-5 as in the script'),
+    _r('gpt3_175b_gpu', dict(arch='gpt', n_layers=96, hidden=12288, n_heads=96, vocab_size=_GPT2_VOCAB, seq_len=2048, init_std=0.006),
+       dict(tp=8, pp=16, sequence_parallel=True, zero1=True), dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=512),
+       dict(lr=6e-5, min_lr=6e-6, weight_decay=0.1, warmup_steps=2000, clip_grad=1.0),
+       dict(max_steps=250000, save_every=10000, eval_every=1000, eval_steps=10, log_every=1),
+       dict(profile='nd_h100_v5', nodes=16, storage_gbps=19.2),
+       source='seed 2: Megatron-LM GPT-3 175B on Azure ND H100 v5 (SlimPajama)', notes='GBS ≈ 16×GPUs; checkpoint ≈ 2.3 TiB'),
+    _gpt3_p4de('gpt3_175b_p4de', dict(n_layers=96, hidden=12288, n_heads=96, init_std=0.006),
+               dict(tp=4, pp=8, virtual_pp=12, pp_schedule='interleaved', sequence_parallel=True, zero1=True,
+                    activation_checkpointing='selective', checkpoint_modules=['attention']),
+               1, 2048, dict(lr=0.9e-4, min_lr=0.9e-5, warmup_steps=115, decay_steps=75000 - 12500), 75000, 20, 16,
+               notes="NeMo's gpt3/175b.yaml (TP 4, PP 8, VPP 12, GBS 2048) on the seed's 16 nodes instead of NeMo's 128: "
+                     "DP 4, so each step accumulates 512 micro-batches"),
+    _gpt3_p4de('gpt3_126m_p4de', dict(n_layers=12, hidden=768, n_heads=12, init_std=0.023), {},
+               4, 256, dict(lr=6e-4, min_lr=6e-5, warmup_steps=636, decay_steps=600000 - 100000), 600000, 50, 8,
+               notes="the seed's smaller submit example (submit-gpt3-04b8…) names no hyperparameters; this is NeMo's "
+                     "gpt3/126m.yaml on its 8 nodes, the smallest GPT-3 NeMo configures"),
+    _r('gpt3_125m', dict(arch='gpt', n_layers=12, hidden=768, n_heads=12, vocab_size=_GPT2_VOCAB, seq_len=2048),
+       data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=8, global_batch=256), optim=dict(lr=6e-4, min_lr=6e-5, warmup_steps=375),
+       trainer=dict(max_steps=100000), cluster=dict(profile='p5.48xlarge', nodes=1), source='GPT-3 paper table 2.1 (Small)'),
+    _r('gpt3_64m', dict(arch='gpt', n_layers=12, hidden=512, n_heads=8, vocab_size=_GPT2_VOCAB, seq_len=1024),
+       data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=32), optim=dict(lr=6e-5, min_lr=6e-6, warmup_steps=100),
+       trainer=dict(max_steps=1000, save_every=1000, eval_every=1000), cluster=dict(profile='nd_h100_v5', nodes=2),
+       source='seed 2: the "375M" two-node system check', notes='the tutorial calls this 375M (alias gpt3_375m); its numbers (12 × 512, GPT-2 vocab) make ≈ 64M parameters'),
+    _r('gpt3_356m', dict(arch='gpt', n_layers=24, hidden=1024, n_heads=16, vocab_size=_GPT2_VOCAB, seq_len=2048),
+       data=dict(corpus='slimpajama', tokenizer='gpt2', micro_batch=1, global_batch=256), optim=dict(lr=3e-4, min_lr=3e-5, warmup_steps=375),
+       trainer=dict(max_steps=100000), cluster=dict(profile='nd_h100_v5', nodes=2),
+       source='seed 2: the "857M" example', notes='the tutorial calls this 857M (alias gpt3_857m); its numbers (24 × 1024, GPT-2 vocab) make ≈ 356M parameters'),
+    ]
+
+def _bert_recipes() -> list:
+    "BERT-large phases 1 and 2 on trn1 (seed 3)."
+    return [
+    _r('bert_large', dict(arch='bert', n_layers=24, hidden=1024, n_heads=16, vocab_size=_BERT_VOCAB, seq_len=128, max_position=512, norm_eps=1e-12, dropout=0.1),
+       dict(precision='bf16'), dict(corpus='bert_wikicorpus_hdf5_128', tokenizer='bert-large-uncased', micro_batch=16, global_batch=16 * 32 * 512),
+       dict(lr=4e-4, min_lr=0.0, weight_decay=0.01, warmup_steps=2000, decay='linear', betas=[0.9, 0.999], eps=1e-6),
+       dict(max_steps=28125, save_every=1000), dict(profile='trn1.32xlarge', nodes=16),
+       source='seed 3: BERT-large phase 1 on trn1 (DP only)', notes='16 per core × 32 accumulation × 512 cores; LAMB variant: optim.name=lamb optim.lr=6e-3 trainer.max_steps=7032'),
+    _r('bert_large_ph2', dict(arch='bert', n_layers=24, hidden=1024, n_heads=16, vocab_size=_BERT_VOCAB, seq_len=512, max_position=512, norm_eps=1e-12, dropout=0.1),
+       dict(precision='bf16'), dict(corpus='bert_wikicorpus_hdf5_512', tokenizer='bert-large-uncased', micro_batch=2, global_batch=2 * 512 * 512),
+       dict(lr=2.8e-4, min_lr=0.0, weight_decay=0.01, warmup_steps=200, decay='linear', betas=[0.9, 0.999], eps=1e-6),
+       dict(max_steps=1563, save_every=100), dict(profile='trn1.32xlarge', nodes=16),
+       source='seed 3: BERT-large phase 2 (seq 512) on trn1', notes='initialise from the phase-1 checkpoint'),
+    ]
+
+def _llama_recipes() -> list:
+    "Llama-3/3.1 8B and 70B on trn1 and trn2 (seed 4)."
+    return [
+    _r('llama3_8b', dict(_LLAMA70, n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336),
+       dict(tp=32, zero1=True, sequence_parallel=True, kv_replicator=4, activation_checkpointing='selective', checkpoint_modules=['attention']),
+       _LLAMA_DATA, dict(_NXDT_OPT, lr=1.5e-4, min_lr=0.0, weight_decay=0.01, betas=[0.9, 0.999], decay='linear', warmup_steps=100),
+       dict(_NXDT_TRAIN, max_steps=10000), dict(profile='trn1.32xlarge', nodes=4),
+       source='NxD Training hf_llama3_8B config'),
+    _r('llama3_70b', _LLAMA70, _LLAMA70_PAR, _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN, dict(profile='trn1.32xlarge', nodes=16),
+       source='seed 4: NxD Training Llama-3 70B on trn1'),
+    _r('llama3_70b_trn2', _LLAMA70, dict(_LLAMA70_PAR, pp=4, pp_cuts=[18, 39, 60]), _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN,
+       dict(profile='trn2.48xlarge', nodes=8), source='seed 4: NxD Training Llama-3 70B on trn2 (LNC 2)'),
+    _r('llama3_70b_cp', _LLAMA70, dict(_LLAMA70_PAR, cp=2), _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN, dict(profile='trn1.32xlarge', nodes=16),
+       source='seed 4: NxD Training Llama-3 70B with context parallel 2 (ring attention)'),
+    _r('llama31_70b', dict(_LLAMA70, rope_scaling=_LLAMA31_SCALING, seq_len=8192), _LLAMA70_PAR, _LLAMA_DATA, _NXDT_OPT, _NXDT_TRAIN,
+       dict(profile='trn1.32xlarge', nodes=16), source='seed 4: NxD Training Llama-3.1 70B on trn1'),
+    ]
+
+def _catalog() -> dict:
+    return {r.name: r for r in _cpu_recipes() + _gpt3_recipes() + _bert_recipes() + _llama_recipes()}
 
 # %% ../nbs/api/00_recipes.ipynb #6f649d02
 CATALOG: dict[str, Recipe] = _catalog()

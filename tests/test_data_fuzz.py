@@ -142,31 +142,29 @@ def check_corpus(lines: list, ends_with_newline: bool, spec: str, workers: int =
 
 
 @pytest.mark.parametrize('tokenizer', TOKENIZERS)
-def test_prepare_properties(toks, tokenizer):
-    @fuzz
-    @given(corpus)
-    def run(c): check_corpus(*c, toks[tokenizer])
-    run()
+@fuzz
+@given(c=corpus)
+def test_prepare_properties(toks, tokenizer, c):
+    check_corpus(*c, toks[tokenizer])
 
 
 @pytest.mark.parametrize('tokenizer', TOKENIZERS)
-def test_prepare_properties_two_workers(toks, tokenizer):
-    """Byte ranges read by two processes: the same properties (a handful of cases: each starts a process pool)."""
-    @settings(fuzz, max_examples=max(3, CASES // 10))
-    @given(st.tuples(st.lists(line, min_size=4, max_size=30), st.booleans()))
-    def run(c): check_corpus(*c, toks[tokenizer], workers=2)
-    run()
+@settings(fuzz, max_examples=max(3, CASES // 10))
+@given(c=st.tuples(st.lists(line, min_size=4, max_size=30), st.booleans()))
+def test_prepare_properties_two_workers(toks, tokenizer, c):
+    """Byte ranges read by two processes: the same properties (fewer cases: each starts a process pool)."""
+    check_corpus(*c, toks[tokenizer], workers=2)
+
+
+ENCODABLE = st.lists(st.one_of(st.text(st.characters(), max_size=30),
+                               st.sampled_from([h for h in HOSTILE if not 0xD800 <= ord(h[0]) <= 0xDFFF])), max_size=40).map(''.join)
 
 
 @pytest.mark.parametrize('tokenizer', ['gpt2', 'wordpiece'])
-def test_cuts_equal_whole_text(toks, tokenizer):
-    """The cut rules on small pieces: any text (valid Unicode) cut at safe places every few characters equals the whole."""
+@settings(fuzz, max_examples=CASES * 20)
+@given(t=ENCODABLE, max_chars=st.integers(2, 64))
+def test_cuts_equal_whole_text(toks, tokenizer, t, max_chars):
+    """The cut rules on small pieces: any text cut at safe places every few characters equals the whole."""
     tok = get_tokenizer(toks[tokenizer])
     assert cut_rule(tok) is not None
-    encodable = st.lists(st.one_of(st.text(st.characters(), max_size=30), st.sampled_from([h for h in HOSTILE if not 0xD800 <= ord(h[0]) <= 0xDFFF])),
-                         max_size=40).map(''.join)
-
-    @settings(fuzz, max_examples=CASES * 20)
-    @given(encodable, st.integers(2, 64))
-    def run(t, max_chars): assert encode_whole(tok, t, max_chars).tolist() == tok.tok.encode(t, add_special_tokens=False).ids
-    run()
+    assert encode_whole(tok, t, max_chars).tolist() == tok.tok.encode(t, add_special_tokens=False).ids

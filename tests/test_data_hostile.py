@@ -23,7 +23,7 @@ def megatron_sequences(prefix: str) -> tuple[list, np.ndarray]:
     "Every sequence and the document index, read by megatron-core (copied: its arrays die with the reader)."
     from megatron.core.datasets.indexed_dataset import IndexedDataset
     m = IndexedDataset(prefix)
-    seqs = [np.array(m[i]).tolist() for i in range(len(m))]
+    seqs = [np.array(m[i], np.int64) for i in range(len(m))]
     docs = np.array(m.document_indices)
     del m
     return seqs, docs
@@ -32,13 +32,14 @@ def megatron_sequences(prefix: str) -> tuple[list, np.ndarray]:
 def assert_equal_whole(prefix: str, texts: list, spec: str):
     "Every document in the dataset is the reference tokenizer's ids of its whole text + EOD (none when it has no ids)."
     ref, eod = reference_encoder(spec)
-    want = [ids + [eod] if ids else [] for ids in map(ref, texts)]
+    want = [np.array(ids + [eod] if ids else [], np.int64) for ids in map(ref, texts)]
     seqs, docs = megatron_sequences(prefix)
-    assert len(seqs) == sum(map(bool, want))
-    np.testing.assert_array_equal(docs, np.concatenate([[0], np.cumsum([bool(w) for w in want])]))
-    for k, (got, w) in enumerate(zip(seqs, (w for w in want if w))):
-        if got != w:
-            first = next((i for i, (a, b) in enumerate(zip(got, w)) if a != b), min(len(got), len(w)))
+    assert len(seqs) == sum(w.size > 0 for w in want)
+    np.testing.assert_array_equal(docs, np.concatenate([[0], np.cumsum([w.size > 0 for w in want])]))
+    for k, (got, w) in enumerate(zip(seqs, (w for w in want if w.size))):
+        if not np.array_equal(got, w):
+            n = min(len(got), len(w))
+            first = int(np.flatnonzero(got[:n] != w[:n])[0]) if (got[:n] != w[:n]).any() else n
             raise AssertionError(f'sequence {k}: {len(got)} tokens, the reference {len(w)}; first difference at token {first}')
 
 

@@ -152,3 +152,42 @@ def test_command_line_like_the_seeds(tmp_path, endpoint, blob):
     assert f"{len(blob)}  s3://public-data/cli/blob.bin" in run('ls', 's3://public-data/cli/', '--no-sign-request').stdout
     bad = run('cp', 's3://no-such-bucket/x.tar', str(tmp_path / 'dl'), '--no-sign-request')
     assert bad.returncode == 2 and bad.stderr.strip().count('\n') == 0 and 'no such bucket' in bad.stderr
+
+
+def test_sync_checks_a_sha256_manifest_and_fetch_file_takes_s3(tmp_path, endpoint, monkeypatch):
+    from nxpretrain.data.download import fetch_file
+    c = s3.s3_client(endpoint_url=endpoint)
+    files = {'a.bin': os.urandom(5000), 'b.bin': os.urandom(7000)}
+    for name, b in files.items(): c.put_object(Bucket='public-data', Key=f'manifest/{name}', Body=b)
+    good = {n: hashlib.sha256(b).hexdigest() for n, b in files.items()}
+    got = s3.sync('s3://public-data/manifest/', tmp_path / 'ok', anonymous=True, endpoint_url=endpoint, sha256=good, use_s5cmd=False, progress=False)
+    assert {p.name: p.read_bytes() for p in got} == files
+    with pytest.raises(DataError) as e:
+        s3.sync('s3://public-data/manifest/', tmp_path / 'bad', anonymous=True, endpoint_url=endpoint, sha256={**good, 'b.bin': 'ab' * 32},
+                use_s5cmd=False, progress=False)
+    assert str(e.value).startswith('s3://public-data/manifest/b.bin: SHA-256') and '\n' not in str(e.value)
+    monkeypatch.setenv('AWS_ENDPOINT_URL', endpoint)                 # fetch_file's s3:// addresses: anonymous, like the seeds
+    p = fetch_file('s3://public-data/manifest/a.bin', tmp_path / 'f' / 'a.bin', sha256=good['a.bin'], progress=False)
+    assert p.read_bytes() == files['a.bin']
+
+
+def test_data_stage_uses_ready_pairs_from_s3_as_they_are(tmp_path, endpoint):
+    "`papermill nbs/01_data.ipynb -p source 's3://…/*' -p no_sign_request True`: seed 1's way, nothing tokenised again."
+    import subprocess, sys
+    from nxpretrain.data.prepare import prepare_demo
+    prefix, _ = prepare_demo(tmp_path / 'made')
+    c = s3.s3_client(endpoint_url=endpoint)
+    for ext in ('bin', 'idx'): c.upload_file(f'{prefix}.{ext}', 'public-data', f'stage/the_pile_gpt3/my-gpt3_00_text_document.{ext}')
+    out = tmp_path / 'data'
+    (out / 'demo').mkdir(parents=True)
+    (out / 'demo' / 'tokenizer.json').symlink_to(tmp_path / 'made' / 'demo' / 'tokenizer.json')
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, '-m', 'papermill', str(root / 'nbs' / '01_data.ipynb'), str(tmp_path / 'out.ipynb'), '-k', 'python3',
+                        '-p', 'corpus', 'the_pile_gpt3', '-p', 'tokenizer', 'demo', '-p', 'output', str(out),
+                        '-p', 'source', 's3://public-data/stage/the_pile_gpt3/*', '-p', 'no_sign_request', 'True'],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, 'AWS_ENDPOINT_URL': endpoint, 'PYTHONPATH': str(root)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = out / 'the_pile_gpt3' / 'my-gpt3_00_text_document'
+    assert all(Path(f'{got}.{ext}').read_bytes() == Path(f'{prefix}.{ext}').read_bytes() for ext in ('bin', 'idx'))
+    assert not (out / 'the_pile_gpt3' / 'manifest.d').exists()                    # nothing was tokenised

@@ -41,6 +41,9 @@ def test_local_launcher_runs_two_process_torchrun(home, tmp_path):
     # the id alone finds this job (the index names its scheduler and cluster), and only this one
     assert status(jid).state == JobState.COMPLETED and tail(jid, 5) == ln.log(jid, 5)
     assert [r['id'] for r in find_records(jid)] == [jid]
+    from nxpretrain.launch.watch import watch
+    reader = watch(jid, timeout=60, poll=0.2, widgets=False)   # the monitor's live view, by id
+    assert reader.last['step'] == 3 and reader.last['total'] == 3, reader.rows
 
 
 class RecordingLauncher(Launcher):
@@ -111,3 +114,26 @@ def test_an_unknown_scheduler_is_one_line(home, monkeypatch, tmp_path):
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
         main(['train', 'gpt3_tiny', *TINY, '--cluster', 'k8s-cpu', '--out', str(tmp_path)])
     assert e.value.code == 2 and err.getvalue().count('\n') == 1 and "scheduler 'k8s'" in err.getvalue(), err.getvalue()
+
+
+@pytest.mark.timeout(400)
+def test_local_usr1_checkpoints_and_the_job_resumes(home, tmp_path):
+    "USR1 through the local launcher: the ranks save and stop (requeue status), and the same job submitted again resumes."
+    long = [o for o in TINY if not o.startswith(('trainer.max_steps', 'trainer.save_every='))] + ['trainer.max_steps=400', 'trainer.save_every=1000']
+    job = make_job('gpt3_tiny', 'cpu', tmp_path / 'job', overrides=long, scheduler='local')
+    ln = LocalLauncher()
+    jid = ln.submit(job)
+    steps = job.run_dir / 'steps.jsonl'
+    while not (steps.exists() and len(steps.read_text().splitlines()) >= 2):
+        assert not ln.status(jid).done, ln.log(jid, 40)
+    ln.cancel(jid, 'USR1')
+    s = ln.wait(jid, timeout=120, poll=0.5)
+    assert s.state == JobState.FAILED and s.exit_code == 75 and 'stopped after a checkpoint' in s.reason, (s, ln.log(jid, 40))
+    saved = json.loads((job.run_dir / 'exit_status.json').read_text())
+    assert saved['stopped'] == 'signal' and saved['checkpoint'], saved
+    # again, to a short end: it starts from the checkpoint
+    again = make_job('gpt3_tiny', 'cpu', tmp_path / 'job', overrides=long[:-2] + [f"trainer.max_steps={saved['step'] + 2}", 'trainer.save_every=1000'],
+                     scheduler='local')
+    s2 = ln.wait(ln.submit(again), timeout=180, poll=0.5)
+    assert s2.state == JobState.COMPLETED, ln.log(s2.job_id, 40)
+    assert f"step {saved['step'] + 1}/" in ln.log(s2.job_id, 400) and f"step 1/" not in ln.log(s2.job_id, 400)

@@ -5,7 +5,8 @@ import pytest, yaml
 from omegaconf import OmegaConf
 from nxpretrain.launch.nxdt import export_nxdt
 from nxpretrain.launch.nxdt_contract import (NXDT_RECIPES, load_struct, contract_problems, missing_example_keys, differences,
-                                             differences_markdown, catalog_differences, RECOMPUTE_MODULES)
+                                             differences_markdown, RECOMPUTE_MODULES)
+from nxpretrain.launch.nxdt import catalog_differences
 from nxpretrain.recipes import get_recipe
 
 ROOT = Path(__file__).resolve().parents[1]

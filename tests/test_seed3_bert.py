@@ -41,7 +41,7 @@ def test_shards_have_the_seed_layout_key_for_key(corpus):
             n = f['input_ids'].shape[0]
             for key, (dtype, shape) in SEED3_LAYOUT.items():
                 assert str(f[key].dtype) == dtype and f[key].shape == (n, *shape(SEQ, PRED)), key
-                assert f[key].compression == 'gzip'
+                assert f[key].compression == 'gzip' and f[key].fletcher32
             ids, mask, seg = f['input_ids'][:], f['input_mask'][:], f['segment_ids'][:]
             pos, lab, nsp = f['masked_lm_positions'][:], f['masked_lm_ids'][:], f['next_sentence_labels'][:]
         lengths = mask.sum(1)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
-from ..errors import DataError
+from .corpus import DataError
 from .blocks import HDF5_KEYS
 
 # %% auto #0
@@ -130,7 +130,8 @@ def write_shard(path, rows: list[dict], seq_len: int, max_predictions: int) -> P
     with h5py.File(tmp, 'w') as f:
         for key, (dtype, shape) in SEED3_LAYOUT.items():
             data = np.asarray([r[key] for r in rows], dtype).reshape(len(rows), *shape(seq_len, max_predictions))
-            f.create_dataset(key, data=data, dtype=dtype, compression='gzip', fletcher32=True)   # a flipped bit fails the read
+            # gzip as NVIDIA's shards; Fletcher-32 and fill -1 as every shard we write (a flipped bit or lost chunk fails the read)
+            f.create_dataset(key, data=data, dtype=dtype, compression='gzip', fletcher32=True, fillvalue=-1)
     tmp.replace(path)
     return path
 

@@ -120,9 +120,11 @@ class IndexedDataset:
         for path, key in ((idx, 'idx'), (bin_, 'bin')):
             want = info.get(key, {})
             if path.stat().st_size != want.get('bytes'):
-                raise DataError(f"{path}: {path.stat().st_size} bytes but {side.name} records {want.get('bytes')}; the file was cut or changed: prepare or copy it again")
+                raise DataError(f"{path}: {path.stat().st_size} bytes but {side.name} records {want.get('bytes')}; the file was cut or changed: "
+                                f"prepare or copy it again (or delete {side.name} if the pair was replaced on purpose)")
             if (key == 'idx' or check_bin) and file_crc32c(path) != want.get('crc32c'):
-                raise DataError(f'{path}: CRC-32C differs from {side.name} (corrupt: a flipped bit or a bad copy); prepare or copy it again')
+                raise DataError(f'{path}: CRC-32C differs from {side.name} (corrupt: a flipped bit or a bad copy); prepare or copy it again '
+                                f'(or delete {side.name} if the pair was replaced on purpose)')
 
     def __len__(self): return len(self.lengths)
 

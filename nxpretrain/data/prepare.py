@@ -17,19 +17,18 @@ from .cuts import encode_whole
 
 # %% auto #0
 __all__ = ['CORPORA', 'STAGES', 'encode_documents', 'TokenizeTask', 'run_task', 'tokenize_files', 'record', 'done',
-           'read_manifest', 'CorpusRecipe', 'corpus_dir', 'run_stage', 'slurm_task', 'array_plan', 'get_recipe_corpus',
-           'prepare', 'prepare_demo', 'ensure_dataset', 'main']
+           'read_manifest', 'CorpusRecipe', 'corpus_dir', 'stage_units', 'unit_prefix', 'run_stage', 'slurm_task',
+           'array_plan', 'get_recipe_corpus', 'prepare', 'prepare_demo', 'prepared_prefix', 'ensure_dataset', 'main']
 
 # %% ../../nbs/api/14_prepare.ipynb #25acc0a5
 def encode_documents(tok, texts: list[str], max_chars: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
     "Concatenated token ids (+EOD per document with tokens) and per-document lengths of a batch of texts."
     long = {i for i, t in enumerate(texts) if len(t) > max_chars}
     ids = tok.encode_batch([t if i not in long else '' for i, t in enumerate(texts)])
-    docs = [encode_whole(tok, texts[i], max_chars) if i in long else np.asarray(x, np.int64) for i, x in enumerate(ids)]
-    eod = np.array([tok.eod_id], np.int64)
-    docs = [np.concatenate([d, eod]) if d.size else d for d in docs]
-    lengths = np.array([d.size for d in docs], np.int64)
-    flat = np.concatenate(docs) if docs else np.zeros(0, np.int64)
+    for i in long: ids[i] = encode_whole(tok, texts[i], max_chars).tolist()
+    eod = (tok.eod_id,)
+    lengths = np.fromiter((len(x) + 1 if x else 0 for x in ids), np.int64, len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(itertools.chain(x, eod) if x else x for x in ids), np.int64, int(lengths.sum()))
     return flat, lengths
 
 # %% ../../nbs/api/14_prepare.ipynb #f5610172
@@ -187,7 +186,8 @@ def corpus_dir(recipe: CorpusRecipe, root: str | Path) -> Path: return Path(root
 
 def _local(recipe, root, f) -> Path: return corpus_dir(recipe, root) / 'raw' / f   # an absolute f stays itself
 
-def _units(recipe: CorpusRecipe, stage: str) -> list[str]:
+def stage_units(recipe: CorpusRecipe, stage: str) -> list[str]:
+    "The units of work of `stage` for corpus `recipe` (files or chunks): one array task each."
     if stage == 'download': return list(recipe.files)
     if stage == 'extract': return [f for f in recipe.files if f.endswith('.zst')] if recipe.chunks else []
     if stage == 'concat': return [f'chunk{k:03d}' for k in range(recipe.chunks)]
@@ -219,7 +219,8 @@ def _concat_chunk(recipe, root, k: int, stats: LineStats) -> Path:
     return out
 
 # %% ../../nbs/api/14_prepare.ipynb #638ddbb5
-def _prefix(recipe, root, tokenizer: str, unit: str) -> str:
+def unit_prefix(recipe, root, tokenizer: str, unit: str) -> str:
+    "The .bin/.idx prefix that tokenizing `unit` of corpus `recipe` with `tokenizer` writes under `root`."
     tag = Path(tokenizer).stem if tokenizer not in ('demo', 'gpt2', 'llama3') else tokenizer
     stem = Path(unit).name.removesuffix('.zst').removesuffix('.jsonl')
     return str(corpus_dir(recipe, root) / tag / f'{stem}_text_document')
@@ -228,8 +229,8 @@ def run_stage(recipe: CorpusRecipe, stage: str, root: str | Path = 'runs/data', 
               task: int = 0, num_tasks: int = 1, workers: int = 1, strict: bool = False, progress: bool = True) -> list[dict]:
     "Do this task's share of `stage` for `recipe`, skipping units already recorded; returns the records."
     tokenizer, cdir, out = tokenizer or recipe.tokenizer, corpus_dir(recipe, root), []
-    for unit in _units(recipe, stage)[task::num_tasks]:
-        name = f'{stage}/{unit}' if stage != 'tokenize' else f'tokenize-{Path(_prefix(recipe, root, tokenizer, unit)).parent.name}/{unit}'
+    for unit in stage_units(recipe, stage)[task::num_tasks]:
+        name = f'{stage}/{unit}' if stage != 'tokenize' else f'tokenize-{Path(unit_prefix(recipe, root, tokenizer, unit)).parent.name}/{unit}'
         if (r := done(cdir, name)): out.append(r); continue
         t0 = time.time()
         if stage == 'download':
@@ -247,7 +248,7 @@ def run_stage(recipe: CorpusRecipe, stage: str, root: str | Path = 'runs/data', 
             info = dict(bytes=p.stat().st_size, bad=st.bad)
         else:
             src = cdir / 'chunks' / f'{unit}.jsonl' if recipe.chunks else _local(recipe, root, unit)
-            prefix = _prefix(recipe, root, tokenizer, unit)
+            prefix = unit_prefix(recipe, root, tokenizer, unit)
             info = dict(prefix=prefix, **tokenize_files([src], prefix, tokenizer, workers, str(root), recipe.key, strict, progress))
             if info['bad']:   # said once, on stderr: the run goes on without those lines
                 print(f"{src}: {info['bad']} bad line(s) skipped, first: {info['examples'][0]}; all in {info['bad_report']}", file=sys.stderr)
@@ -269,7 +270,7 @@ def slurm_task(env=None) -> tuple[int, int]:
 def array_plan(corpus: str) -> dict:
     "Units (= array tasks) of each stage of a catalog corpus."
     r = get_recipe_corpus(corpus)
-    return {s: len(_units(r, s)) for s in STAGES if _units(r, s)}
+    return {s: len(stage_units(r, s)) for s in STAGES if stage_units(r, s)}
 
 # %% ../../nbs/api/14_prepare.ipynb #43db1a28
 def get_recipe_corpus(corpus: str, base_url: str | None = None) -> CorpusRecipe:
@@ -336,13 +337,13 @@ def prepare_demo(root: str | Path = 'runs/data', tokenizer: str = 'demo', progre
     return prefix, done(cdir, unit)
 
 # %% ../../nbs/api/14_prepare.ipynb #1c431012
-def _prepared_prefix(r: CorpusRecipe, tokenizer: str, root) -> str:
+def prepared_prefix(r: CorpusRecipe, tokenizer: str, root) -> str:
     "The single prefix of a prepared catalog corpus: the prepared pair, the merged file, or the shards merged now (e.g. after a Slurm array run)."
     if r.prepared: merged = _local(r, root, r.files[0]).with_suffix('')
     else:
-        units = _units(r, 'tokenize')
-        recs = [done(corpus_dir(r, root), f'tokenize-{Path(_prefix(r, root, tokenizer, u)).parent.name}/{u}') for u in units]
-        merged = Path(_prefix(r, root, tokenizer, units[0])).parent / f'{r.name}_text_document'
+        units = stage_units(r, 'tokenize')
+        recs = [done(corpus_dir(r, root), f'tokenize-{Path(unit_prefix(r, root, tokenizer, u)).parent.name}/{u}') for u in units]
+        merged = Path(unit_prefix(r, root, tokenizer, units[0])).parent / f'{r.name}_text_document'
         if all(recs) and not Path(str(merged) + '.idx').exists():
             if len(recs) == 1: return recs[0]['prefix']
             merge_datasets([x['prefix'] for x in recs], merged)
@@ -360,7 +361,7 @@ def ensure_dataset(data_cfg, # a recipes.DataConfig
     if corpus == 'demo': prefix = prepare_demo(root, tokenizer)[0]
     elif Path(corpus + '.idx').exists() or Path(corpus + '.bin').exists(): prefix = corpus
     elif Path(corpus).is_file(): prefix = prepare(corpus, tokenizer, root, progress=False)[0]
-    elif corpus in CORPORA: prefix = _prepared_prefix(CORPORA[corpus], tokenizer, root)
+    elif corpus in CORPORA: prefix = prepared_prefix(CORPORA[corpus], tokenizer, root)
     else: raise DataError(f'corpus {corpus!r}: not a catalog name ({sorted(CORPORA)}), a .jsonl file or a .bin/.idx prefix')
     ds = IndexedDataset(prefix)
     if vocab_size is not None and ds.num_tokens <= 50_000_000: check_tokens(ds, vocab_size)

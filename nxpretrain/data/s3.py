@@ -7,7 +7,7 @@ from __future__ import annotations
 import fnmatch, hashlib, json, os, shutil, subprocess, time
 from pathlib import Path
 from tqdm.auto import tqdm
-from ..errors import DataError
+from .corpus import DataError
 
 # %% auto #0
 __all__ = ['SHA256_META', 'split_url', 's3_client', 'explain', 'file_sha256', 'etag_of', 'verify', 'download', 'upload',
@@ -35,10 +35,10 @@ def s3_client(anonymous: bool = False, endpoint_url: str | None = None):
                         config=config.merge(Config(retries={'max_attempts': 3, 'mode': 'standard'})))
 
 # %% ../../nbs/api/17_s3.ipynb #2c847fb8
-def explain(e: Exception, url: str, anonymous: bool = False) -> DataError:
-    "A one-line `DataError` for S3 exception `e` raised while working on `url`."
+def explain(e: Exception | None, url: str, anonymous: bool = False, code: str = '') -> DataError:
+    "A one-line `DataError` for S3 exception `e` (or error `code`) met while working on `url`."
     bucket, key = split_url(url)
-    code = str(getattr(e, 'response', {}).get('Error', {}).get('Code', '')) or e.__class__.__name__
+    code = code or str(getattr(e, 'response', {}).get('Error', {}).get('Code', '')) or e.__class__.__name__
     if code in ('NoSuchBucket',):
         return DataError(f"s3://{bucket}: no such bucket; check the bucket name, the region and the endpoint (AWS_ENDPOINT_URL)")
     if code in ('NoSuchKey', '404', 'NotFound'):
@@ -63,7 +63,7 @@ def _head(client, url: str, anonymous: bool) -> dict:
             try: client.head_bucket(Bucket=bucket)
             except ClientError as b:
                 if b.response.get('Error', {}).get('Code') in ('404', 'NoSuchBucket', 'NotFound'):
-                    raise explain(type('E', (Exception,), {'response': {'Error': {'Code': 'NoSuchBucket'}}})(), url) from None
+                    raise explain(b, url, code='NoSuchBucket') from None
         raise explain(e, url, anonymous) from None
     except BotoCoreError as e: raise explain(e, url, anonymous) from None
 
@@ -219,8 +219,7 @@ def upload(path, url: str, anonymous: bool = False, endpoint_url: str | None = N
                                ExtraArgs={'Metadata': {SHA256_META: file_sha256(path)}})
         except S3UploadFailedError as e:
             code = 'NoSuchBucket' if 'NoSuchBucket' in str(e) else ('AccessDenied' if 'AccessDenied' in str(e) or '403' in str(e) else '')
-            err = type('E', (Exception,), {'response': {'Error': {'Code': code}}})() if code else e
-            raise explain(err, url, anonymous) from None
+            raise explain(e, url, anonymous, code) from None
         except (ClientError, BotoCoreError) as e: raise explain(e, url, anonymous) from None
     head = _head(client, url, anonymous)
     if head['ContentLength'] != size: raise DataError(f"{url}: {head['ContentLength']} bytes in S3 after uploading {size} from {path}; upload again")

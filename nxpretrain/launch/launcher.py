@@ -139,8 +139,10 @@ def register(cls: type[Launcher]) -> type[Launcher]:
 def get_launcher(scheduler: str) -> Launcher:
     "The launcher registered as `scheduler` (a built-in one is imported on first use)."
     if scheduler not in LAUNCHERS:
-        try: importlib.import_module(f"nxpretrain.launch.{scheduler}")
-        except ModuleNotFoundError: pass
+        module = f"nxpretrain.launch.{scheduler}"
+        try: importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module: raise   # the scheduler's module is there but needs something missing: say that
     if scheduler not in LAUNCHERS:
         raise RecipeError(f"scheduler {scheduler!r}: no launcher registered under that name; known: {', '.join(sorted(LAUNCHERS)) or 'none'}"
                           " (import the module that registers it)")

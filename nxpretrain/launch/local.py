@@ -6,7 +6,7 @@
 from __future__ import annotations
 import dataclasses, os, secrets, shlex, signal as signals, socket, subprocess, sys, time
 from pathlib import Path
-from ..errors import LaunchError
+from ..errors import EXIT_REQUEUE, LaunchError
 from .launcher import JobState, JobStatus, Launcher, find_records, record_job, register, tail_file
 from .job import Job, export_lines, quote_argv, render_job, torchrun_argv, write_job
 
@@ -14,13 +14,26 @@ from .job import Job, export_lines, quote_argv, render_job, torchrun_argv, write
 __all__ = ['LocalLauncher', 'run_local']
 
 # %% ../../nbs/api/57_local.ipynb #80bcca14
+_STOP_ON_USR1 = r'''
+# torchrun ignores USR1 (trap ''); the ranks catch it, checkpoint and exit with {requeue}, which torchrun reports as 1:
+# the trainer's status file, when this run wrote it, says which.
+trap '' USR1
+{torchrun}
+rc=$?
+status_file={status_file}
+if [ "$rc" != 0 ] && [ "$status_file" -nt "$0" ] && grep -Eq '"code": *{requeue}([^0-9]|$)' "$status_file"; then rc={requeue}; fi
+exit "$rc"
+'''
+
 def _local_script(job: Job) -> list[str]:
     devices = job.nodes * job.devices_per_node
     head = ['#!/bin/bash', f"# nxpretrain {job.kind} job: {job.name} on this machine".replace('\n', ' '),
             '# generated from the recipe; change the recipe or the overrides, not this file', '', *export_lines(job.env), '',
             f"cd {shlex.quote(str(job.out_dir))}"]
     if job.distributed:
-        return head + [quote_argv([*torchrun_argv(), '--standalone', '--nnodes', '1', '--nproc-per-node', str(devices), *job.argv])]
+        status_file = shlex.quote(str(Path(job.run_dir or job.out_dir) / 'exit_status.json'))
+        torchrun = quote_argv([*torchrun_argv(), '--standalone', '--nnodes', '1', '--nproc-per-node', str(devices), *job.argv])
+        return head + _STOP_ON_USR1.format(torchrun=torchrun, status_file=status_file, requeue=EXIT_REQUEUE).strip().split('\n')
     if job.tasks:   # the array's tasks one after the other, each told its index as a Slurm array task is
         return head + [f"export SLURM_ARRAY_TASK_COUNT={job.tasks}", f"for task in $(seq 0 {job.tasks - 1}); do",
                        f"    SLURM_ARRAY_TASK_ID=$task {quote_argv(job.argv)} || exit $?", 'done']
@@ -35,7 +48,16 @@ for dep in "${@:3}"; do
 done
 trap 'true' TERM INT USR1
 date +%s > "$record/started"
-bash "$1"; rc=$?
+rc=143
+if [ ! -f "$record/cancelled" ]; then
+    bash "$1" &
+    child=$!
+    trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+    # cancel writes its mark before it signals: a signal that came before the trap was set is not lost
+    if [ -f "$record/cancelled" ]; then kill -TERM "$child" 2>/dev/null; fi
+    wait "$child"; rc=$?
+    while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
+fi
 echo "$rc" > "$record/exit_code.part" && mv "$record/exit_code.part" "$record/exit_code"
 exit "$rc"
 '''
@@ -46,6 +68,21 @@ def _start_ticks(pid: int) -> str | None:
     except OSError: return None
     fields = stat.rsplit(')', 1)[1].split()
     return None if fields[0] == 'Z' else fields[19]
+
+def _descendants(pid: int) -> list[int]:
+    "Every process below `pid` (torchrun starts its ranks in sessions of their own: a process-group signal misses them)."
+    children = {}
+    for d in Path('/proc').iterdir():
+        if not d.name.isdigit(): continue
+        try: ppid = int((d / 'stat').read_text().rsplit(')', 1)[1].split()[1])
+        except (OSError, IndexError, ValueError): continue     # a process that ended while we looked
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
 
 # %% ../../nbs/api/57_local.ipynb #0bbbe19c
 def _record_status(rec: dict, cluster: str) -> JobStatus:
@@ -60,6 +97,7 @@ def _record_status(rec: dict, cluster: str) -> JobStatus:
     if not d.is_dir() and not alive: s.reason = f"its job folder {rec['out_dir']} is gone"   # UNKNOWN: nothing left to tell
     elif (d / 'cancelled').exists() and (code is not None or not alive): s.state, s.reason = JobState.CANCELLED, 'cancelled'
     elif code == 0: s.state = JobState.COMPLETED
+    elif code == EXIT_REQUEUE: s.state, s.reason = JobState.FAILED, f"stopped after a checkpoint (exit {code}): submit it again to resume"
     elif code is not None: s.state, s.reason = JobState.FAILED, f"exit status {code}"
     elif alive: s.state = JobState.RUNNING if t0 else JobState.PENDING
     else: s.state, s.reason = JobState.FAILED, 'ended without an exit status (killed)'
@@ -106,9 +144,13 @@ class LocalLauncher(Launcher):
     def cancel(self, job_id, signal: str | None = None) -> None:
         rec = self._record(job_id)
         if _start_ticks(rec['pid']) != rec['start_ticks']: return      # it has ended already
-        if signal is None: (Path(rec['state_dir']) / 'cancelled').touch()
-        sig = signals.SIGTERM if signal is None else getattr(signals, 'SIG' + str(signal).upper().removeprefix('SIG'))
-        os.killpg(rec['pid'], sig)
+        if signal is None:   # torchrun passes SIGTERM on to its ranks, which save and stop
+            (Path(rec['state_dir']) / 'cancelled').touch()
+            return os.killpg(rec['pid'], signals.SIGTERM)
+        sig = getattr(signals, 'SIG' + str(signal).upper().removeprefix('SIG'))
+        for pid in _descendants(rec['pid']):   # the ranks take it; the shells and torchrun ignore USR1
+            try: os.kill(pid, sig)
+            except ProcessLookupError: pass
 
     def log_path(self, job_id) -> str: return self._record(job_id)['log']
 

@@ -9,15 +9,16 @@ from pathlib import Path
 import json
 import yaml
 from ..recipes import Recipe, RecipeError, ModelConfig, get_recipe, validate
-from .nxdt_contract import EXAMPLES, example_name, flat
+from .nxdt_contract import EXAMPLES, NXDT_RECIPES, differences, example_name, flat
 from ..clusters import profile
+from ..families import family
 from .job import Job, export_lines, plain_value, job_name, resolve_cluster
 from .slurm import sbatch_header
 
 # %% auto #0
 __all__ = ['NXDT_ENV', 'TRAIN_SH', 'SEED3_ENV', 'SEED3_CC_FLAGS', 'RUN_XLA_SH', 'recompute_modules', 'corpus_prefix',
            'data_prefix', 'gpt2_files', 'llama_config_json', 'nxdt_config', 'train_sh', 'export_nxdt', 'export_xla_dp',
-           'export_trn1', 'parse_compile_log']
+           'export_trn1', 'parse_compile_log', 'catalog_differences']
 
 # %% ../../nbs/api/52_nxdt.ipynb #8084227e
 _RECOMPUTE = {'hf': {'attention': 'CoreAttention', 'mlp': 'LlamaMLP', 'layer': 'LlamaDecoderLayer'},
@@ -36,16 +37,16 @@ def recompute_modules(recipe: Recipe, source: str) -> list[str]:
 # %% ../../nbs/api/52_nxdt.ipynb #9e713065
 def corpus_prefix(recipe: Recipe, data_root='runs/data') -> str:
     "The `.bin/.idx` prefix our data stage writes (or wrote) for `recipe.data.corpus`, absolute."
-    from nxpretrain.data.prepare import CORPORA, _prepared_prefix, _prefix, _units, corpus_dir
+    from nxpretrain.data.prepare import CORPORA, prepared_prefix, unit_prefix, stage_units, corpus_dir
     from nxpretrain.errors import DataError
     d = recipe.data
     if d.corpus not in CORPORA: return str(Path(d.corpus).absolute())
     c = CORPORA[d.corpus]
-    try: return str(Path(_prepared_prefix(c, d.tokenizer, data_root)).absolute())
+    try: return str(Path(prepared_prefix(c, d.tokenizer, data_root)).absolute())
     except DataError: pass
     if c.prepared: return str((corpus_dir(c, data_root) / 'raw' / c.files[0]).with_suffix('').absolute())
-    units = _units(c, 'tokenize')
-    first = Path(_prefix(c, data_root, d.tokenizer, units[0]))
+    units = stage_units(c, 'tokenize')
+    first = Path(unit_prefix(c, data_root, d.tokenizer, units[0]))
     return str((first if len(units) == 1 else first.parent / f"{c.name}_text_document").absolute())
 
 def data_prefix(recipe: Recipe, data_root='runs/data') -> list:
@@ -83,7 +84,7 @@ def nxdt_config(recipe: Recipe, devices: int, nodes: int, out_dir='runs', train_
     "The NxD Training config of `recipe` for `nodes` × `devices` NeuronCores, on the keys of NxDT's example for the model."
     m, p, d, o, t = recipe.model, recipe.parallel, recipe.data, recipe.optim, recipe.trainer
     if m.arch not in ('gpt', 'llama'): raise RecipeError(f"model.arch={m.arch!r}: NxD Training has GPT (megatron) and Llama (hf) models only")
-    hf = m.arch == 'llama'
+    hf = family(m.arch).nxdt_source == 'hf'   # NxD Training builds Llama from HF's LlamaConfig, GPT from Megatron's
     source = 'hf' if hf else 'megatron'
     c = dict(EXAMPLES[example_name(recipe)])
     log_dir = Path(out_dir) / recipe.name
@@ -224,7 +225,7 @@ def export_nxdt(recipe: Recipe | str, out_dir, cluster=None, overrides=(), cache
     model_json = out / 'conf' / 'config.json'
     cfg = nxdt_config(r, prof.devices_per_node, r.cluster.nodes, out / 'exp', train_dir, data_root, init_from, str(model_json))
     cfg['compiler_cache_url'] = cache_url
-    if r.model.arch == 'llama':
+    if family(r.model.arch).nxdt_source == 'hf':
         model_json.write_text(json.dumps(llama_config_json(r.model), indent=2))
         needs = {cfg['data']['train_dir']: f"python -m nxpretrain.data.arrow {corpus_prefix(r, data_root)} {r.model.seq_len}"}
     else:
@@ -330,3 +331,14 @@ def parse_compile_log(text: str) -> dict:
         found = re.findall(r'\|\|(?:NEURON_)?PARALLEL_COMPILE\|\|:\s*' + pat, text)
         if found: out[key] = int(found[-1])
     return out
+
+# %% ../../nbs/api/52_nxdt.ipynb #012c20e1
+def catalog_differences(names=NXDT_RECIPES) -> list[dict]:
+    "`differences` rows of every NxDT-bound catalog recipe."
+    rows = []
+    for name in names:
+        r = get_recipe(name)
+        cfg = nxdt_config(r, profile(r.cluster.profile).devices_per_node, r.cluster.nodes, '/runs', model_config='/runs/conf/config.json')
+        cfg['compiler_cache_url'] = '/runs/neuron-cache'
+        rows += differences(cfg, r)
+    return rows

@@ -11,8 +11,7 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['NXDT_REPO', 'NXDT_COMMIT', 'REQUIRED', 'OPTIONAL', 'ALLOWED', 'RECOMPUTE_MODULES', 'DATA_MODULES', 'COMPILE_RUN',
            'SCHEMA_KEYS', 'EXAMPLE_FOR', 'EXAMPLES', 'REASONS', 'FROM_RECIPE', 'NXDT_RECIPES', 'example_name', 'flat',
-           'load_struct', 'contract_problems', 'missing_example_keys', 'differences', 'differences_markdown',
-           'catalog_differences']
+           'load_struct', 'contract_problems', 'missing_example_keys', 'differences', 'differences_markdown']
 
 # %% ../../nbs/api/58_nxdt_contract.ipynb #8a953b57
 NXDT_REPO = 'https://github.com/aws-neuron/neuronx-distributed-training'
@@ -754,16 +753,3 @@ def differences_markdown(rows: list[dict]) -> str:
 
 # %% ../../nbs/api/58_nxdt_contract.ipynb #0d3ea5d7
 NXDT_RECIPES = ('llama3_70b', 'llama31_70b', 'llama3_70b_cp', 'llama3_8b', 'gpt3_23b', 'gpt3_46b', 'gpt3_175b')
-
-def catalog_differences(names=NXDT_RECIPES) -> list[dict]:
-    "`differences` rows of every NxDT-bound catalog recipe."
-    from nxpretrain.recipes import get_recipe
-    from nxpretrain.clusters import profile
-    from nxpretrain.launch.nxdt import nxdt_config
-    rows = []
-    for name in names:
-        r = get_recipe(name)
-        cfg = nxdt_config(r, profile(r.cluster.profile).devices_per_node, r.cluster.nodes, '/runs', model_config='/runs/conf/config.json')
-        cfg['compiler_cache_url'] = '/runs/neuron-cache'
-        rows += differences(cfg, r)
-    return rows

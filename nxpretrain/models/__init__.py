@@ -4,24 +4,21 @@
 
 # %% ../../nbs/api/20_models.ipynb #03795d99
 from __future__ import annotations
-import importlib
 import torch.nn as nn
 from ..recipes import ModelConfig, RecipeError, padded_vocab
+from ..families import family
 from .blocks import count_parameters
+from . import gpt, llama, bert   # the built-in families register themselves
 
 # %% auto #0
 __all__ = ['build_model']
 
 # %% ../../nbs/api/20_models.ipynb #4e24afa9
-_ARCHS = {'gpt': ('nxpretrain.models.gpt', 'GPT'), 'llama': ('nxpretrain.models.llama', 'Llama'),
-          'bert': ('nxpretrain.models.bert', 'Bert')}
-
 def build_model(cfg: ModelConfig, vocab_size: int | None = None, seed: int = 0) -> nn.Module:
-    "The model of `cfg.arch` with its `vocab_size` (default `padded_vocab(cfg)`), on the current device, initialised from `seed`."
-    if cfg.arch not in _ARCHS: raise RecipeError(f"model.arch={cfg.arch!r}: choose one of {', '.join(_ARCHS)}")
+    "The model of `cfg.arch`'s family with its `vocab_size` (default `padded_vocab(cfg)`), on the current device, initialised from `seed`."
+    cls = family(cfg.arch).model_class()
     if vocab_size is not None and vocab_size < cfg.vocab_size:
         raise RecipeError(f"vocab_size={vocab_size} is smaller than model.vocab_size={cfg.vocab_size}: pass padded_vocab(cfg, tp) or nothing")
-    mod, cls = _ARCHS[cfg.arch]
-    model = getattr(importlib.import_module(mod), cls)(cfg, vocab_size or padded_vocab(cfg))
+    model = cls(cfg, vocab_size or padded_vocab(cfg))
     if seed: model.init_weights(seed)   # the constructor initialised it from seed 0
     return model

@@ -9,9 +9,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from ..recipes import ModelConfig, padded_vocab
 from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
+from ..families import ModelFamily, register_family
 
 # %% auto #0
-__all__ = ['bert_block', 'Bert']
+__all__ = ['BERT_FAMILY', 'bert_block', 'Bert']
 
 # %% ../../nbs/api/24_bert.ipynb #da820203
 def bert_block(cfg: ModelConfig) -> TransformerBlock:
@@ -55,3 +56,10 @@ class Bert(LanguageModel):
         mlm = self.output(self.mlm_norm(F.gelu(self.mlm_dense(h))))
         nsp = self.nsp_head(torch.tanh(self.pooler(h[:, 0])))
         return mlm, nsp
+
+# %% ../../nbs/api/24_bert.ipynb #45366b2c
+BERT_FAMILY = register_family(ModelFamily(
+    name='bert', module='nxpretrain.models.bert:Bert', objective='mlm_nsp', layouts=('tp', 'fsdp', 'zero1'),
+    tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
+             'mlp.w1': 'colwise', 'mlp.w2': 'rowwise'},
+    rope=False, hf_architecture='BertForPreTraining', tiny=('bert_tiny', ('model.max_position=16',))))

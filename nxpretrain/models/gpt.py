@@ -8,9 +8,10 @@ import torch
 import torch.nn as nn
 from ..recipes import ModelConfig, padded_vocab
 from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
+from ..families import ModelFamily, register_family
 
 # %% auto #0
-__all__ = ['gpt_block', 'GPT']
+__all__ = ['GPT_FAMILY', 'gpt_block', 'GPT']
 
 # %% ../../nbs/api/22_gpt.ipynb #1d4cf190
 def gpt_block(cfg: ModelConfig) -> TransformerBlock:
@@ -47,3 +48,11 @@ class GPT(LanguageModel):
         h = self.run_layers(h)
         if self.norm is not None: h = self.norm(h)
         return self.output(h) if self.output is not None else h
+
+# %% ../../nbs/api/22_gpt.ipynb #bdf0b0d3
+GPT_FAMILY = register_family(ModelFamily(
+    name='gpt', module='nxpretrain.models.gpt:GPT', objective='causal_lm',
+    tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
+             'mlp.w1': 'colwise', 'mlp.w2': 'rowwise'},
+    rope=False, hf_architecture='GPT2LMHeadModel', hf_tied_head='lm_head.weight', nxdt_source='megatron',
+    tiny=('gpt3_tiny', ())))

@@ -9,9 +9,10 @@ import torch.nn as nn
 from ..recipes import ModelConfig, padded_vocab
 from .blocks import (Attention, SwiGLU, RMSNorm, TransformerBlock, LanguageModel, rope_inv_freq,
                                       rope_cos_sin, count_parameters)
+from ..families import ModelFamily, register_family
 
 # %% auto #0
-__all__ = ['llama_block', 'Llama']
+__all__ = ['LLAMA_FAMILY', 'llama_block', 'Llama']
 
 # %% ../../nbs/api/23_llama.ipynb #c100cd69
 def llama_block(cfg: ModelConfig) -> TransformerBlock:
@@ -41,3 +42,11 @@ class Llama(LanguageModel):
         h = self.run_layers(h, rope=rope_cos_sin(positions, inv_freq))
         if self.norm is not None: h = self.norm(h)
         return self.output(h) if self.output is not None else h
+
+# %% ../../nbs/api/23_llama.ipynb #1c900841
+LLAMA_FAMILY = register_family(ModelFamily(
+    name='llama', module='nxpretrain.models.llama:Llama', objective='causal_lm',
+    tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
+             'mlp.w1': 'colwise', 'mlp.w3': 'colwise', 'mlp.w2': 'rowwise'},
+    rope=True, hf_architecture='LlamaForCausalLM', nxdt_source='hf',
+    tiny=('llama3_tiny', ('model.ffn_hidden=64', 'model.n_kv_heads=2'))))

@@ -7,12 +7,12 @@ from __future__ import annotations
 import functools
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
-from ..recipes import RecipeError
 
 # %% auto #0
 __all__ = ['CHECKPOINT_KINDS', 'checkpoint_module', 'apply_activation_checkpointing']
 
 # %% ../../nbs/api/34e_activation.ipynb #08848a2e
+# the recipe's `RecomputeKind` names (checked by `validate`) → the sub-module each recomputes
 CHECKPOINT_KINDS = {'block': '', 'attention': 'attention', 'mlp': 'mlp', 'core': 'attention.core', 'attention_norm': 'attention_norm', 'ffn_norm': 'ffn_norm'}
 
 def checkpoint_module(module: nn.Module):
@@ -26,8 +26,6 @@ def checkpoint_module(module: nn.Module):
 def apply_activation_checkpointing(part: nn.Module, mode: str, kinds=()):
     "Checkpoint every block (`full`) or the sub-modules of the given kinds (`selective`)."
     if mode == 'none': return part
-    bad = [k for k in kinds if k not in CHECKPOINT_KINDS]
-    if bad: raise RecipeError(f"parallel.checkpoint_modules={list(kinds)}: unknown kind {bad[0]!r}; choose from {', '.join(CHECKPOINT_KINDS)}")
     for block in part.layers.values():
         for k in (['block'] if mode == 'full' else kinds):
             checkpoint_module(block.get_submodule(CHECKPOINT_KINDS[k]) if CHECKPOINT_KINDS[k] else block)

@@ -10,25 +10,23 @@ from ..recipes import Recipe, get_recipe
 from ..models import build_model
 from .state import initialize_model_parallel, destroy_model_parallel
 from ..recipes import padded_vocab
+from ..families import family
 from .engine import build_parallel_model, param_groups
 from .loss import LossCounts, pretraining_loss, IGNORE_INDEX
 from .data import dp_shard
 from .tensor import unreplicate_kv, kv_replicated_params
 
 # %% auto #0
-__all__ = ['TINY', 'NOISE_ONLY', 'TOLERANCE', 'tiny_recipe', 'tiny_batch', 'check_layout', 'assert_equal_to_reference']
+__all__ = ['NOISE_ONLY', 'TOLERANCE', 'tiny_recipe', 'tiny_batch', 'check_layout', 'assert_equal_to_reference']
 
 # %% ../../nbs/api/35_check.ipynb #7270c7eb
-TINY = {'gpt': 'gpt3_tiny', 'llama': 'llama3_tiny', 'bert': 'bert_tiny'}
-
 def tiny_recipe(arch: str = 'gpt', *overrides: str) -> Recipe:
     "A catalog tiny recipe shrunk for equality tests (fp32, no dropout, strong clipping so the clip path is exercised)."
     small = ['model.n_layers=2', 'model.hidden=32', 'model.n_heads=4', 'model.vocab_size=96', 'model.seq_len=16',
              'model.dropout=0.0', 'data.micro_batch=2', 'data.global_batch=8', 'parallel.precision=fp32',
              'optim.lr=0.01', 'optim.eps=1e-6', 'optim.warmup_steps=0', 'optim.clip_grad=0.5', 'optim.weight_decay=0.1', 'trainer.max_steps=3']
-    if arch == 'llama': small += ['model.ffn_hidden=64', 'model.n_kv_heads=2']
-    if arch == 'bert': small += ['model.max_position=16']
-    return get_recipe(TINY[arch], *small, *overrides)
+    base, family_overrides = family(arch).tiny   # the family's tiny catalog recipe and what it needs on top
+    return get_recipe(base, *small, *family_overrides, *overrides)
 
 def tiny_batch(recipe: Recipe, seed: int = 1, ignore_frac: float = 0.1):
     "Random (tokens, labels) of the global batch; a fraction of labels set to the ignore index."
@@ -37,7 +35,7 @@ def tiny_batch(recipe: Recipe, seed: int = 1, ignore_frac: float = 0.1):
     seq = torch.randint(0, m.vocab_size, (d.global_batch, m.seq_len + 1), generator=g)
     labels = seq[:, 1:].clone()
     labels[torch.rand(labels.shape, generator=g) < ignore_frac] = IGNORE_INDEX
-    if m.arch != 'bert': return seq[:, :-1].contiguous(), labels
+    if family(m.arch).objective == 'causal_lm': return seq[:, :-1].contiguous(), labels
     tokens = seq[:, :-1].contiguous()   # BERT: MLM labels on ~15 % of positions, two segments, padding at the end of half the rows
     labels = torch.where(torch.rand(tokens.shape, generator=g) < 0.15, seq[:, 1:], torch.full_like(tokens, IGNORE_INDEX))
     types = (torch.arange(m.seq_len) >= m.seq_len // 2).long().expand(d.global_batch, -1).contiguous()

@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 from ..recipes import Recipe, RecipeError, validate, padded_vocab
 from ..models import build_model
+from ..families import family
 from .state import ParallelState, get_state
 from .ring import cp_shard
 from .zero import all_reduce_grads, Zero1Optimizer, local
@@ -295,7 +296,7 @@ def _apply_layout(part: nn.Module, stage: int, recipe: Recipe, state: ParallelSt
     sp = p.sequence_parallel and p.tp > 1
     if p.cp > 1: use_ring_attention(part, state.group('cp'))
     add_positions_hook(part, p.cp, state.rank('cp'), p.tp if (sp and stage > 0) else 1)
-    if p.tp > 1: apply_tp(part, state.mesh['tp'], sp, recipe.model.tie_embeddings)
+    if p.tp > 1: apply_tp(part, state.mesh['tp'], sp, recipe.model.tie_embeddings, family(recipe.model.arch).tp_plan)
     apply_activation_checkpointing(part, p.activation_checkpointing, p.checkpoint_modules)
     if p.fsdp and state.dp * state.cp > 1: apply_fsdp(part, state.sub('dp', 'cp'), p.precision)
 

@@ -46,8 +46,9 @@ def unreplicate_kv(t: torch.Tensor, k: int, hd: int) -> torch.Tensor:
     return t.reshape(-1, k, hd, *t.shape[1:])[:, 0].reshape(-1, *t.shape[1:])
 
 # %% ../../nbs/api/34c_tensor.ipynb #d8534e9a
-def tp_plan(part: nn.Module, sp: bool) -> dict:
-    "The `parallelize_module` plan of a model (or pipeline stage) `part`."
+def tp_plan(part: nn.Module, sp: bool, linear_plan: dict) -> dict:
+    """The `parallelize_module` plan of a model (or pipeline stage) `part`; `linear_plan` maps each linear layer of a
+    block to 'colwise' or 'rowwise' (the model family's `tp_plan`)."""
     seq = Shard(1) if sp else Replicate()
     plan = {}
     if getattr(part, 'tok_embeddings', None) is not None:
@@ -57,21 +58,22 @@ def tp_plan(part: nn.Module, sp: bool) -> dict:
     if sp and getattr(part, 'norm', None) is not None: plan['norm'] = SequenceParallel()
     if getattr(part, 'output', None) is not None:
         plan['output'] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
-    for name, block in part.layers.items():
+    for name in part.layers:
         b = f'layers.{name}.'
-        plan.update({b + 'attention.wq': ColwiseParallel(), b + 'attention.wk': ColwiseParallel(), b + 'attention.wv': ColwiseParallel(),
-                     b + 'attention.wo': RowwiseParallel(output_layouts=seq),
-                     b + 'mlp.w1': ColwiseParallel(), b + 'mlp.w2': RowwiseParallel(output_layouts=seq)})
-        if hasattr(block.mlp, 'w3'): plan[b + 'mlp.w3'] = ColwiseParallel()
-        if sp:
-            plan.update({b + 'attention_norm': SequenceParallel(), b + 'ffn_norm': SequenceParallel(),
-                         b + 'attention': PrepareModuleInput(input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None), use_local_output=True),
-                         b + 'mlp': PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)})
+        for linear, style in linear_plan.items():
+            plan[b + linear] = RowwiseParallel(output_layouts=seq) if style == 'rowwise' else ColwiseParallel()
+        if not sp: continue
+        plan[b + 'attention_norm'] = SequenceParallel()
+        plan[b + 'ffn_norm'] = SequenceParallel()
+        plan[b + 'attention'] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                   desired_input_layouts=(Replicate(), None, None), use_local_output=True)
+        plan[b + 'mlp'] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                             use_local_output=True)
     return plan
 
-def apply_tp(part: nn.Module, tp_mesh, sp: bool, tie: bool):
+def apply_tp(part: nn.Module, tp_mesh, sp: bool, tie: bool, linear_plan: dict):
     "Shard `part` over `tp_mesh` in place; re-tie the head to the embedding when both are here."
-    parallelize_module(part, tp_mesh, tp_plan(part, sp))
+    parallelize_module(part, tp_mesh, tp_plan(part, sp, linear_plan))
     if tie and getattr(part, 'tok_embeddings', None) is not None and getattr(part, 'output', None) is not None:
         part.output.weight = part.tok_embeddings.weight
     return part

@@ -313,8 +313,9 @@ def wait_staged(self: Checkpointer):
 
 @patch
 def wait(self: Checkpointer):
-    "Finish the save in flight and the pruning after it, if any; re-raise the save's error."
+    "Finish the save in flight, the pruning after it and the `on_complete` work (an upload), if any; re-raise the save's error."
     if self._thread is not None: self._thread.join(); self._thread = None
+    if hasattr(self.on_complete, 'wait'): self.on_complete.wait()   # e.g. a mirror's upload: done before the next save prunes
     if self._pruning is not None: self._pruning.join(); self._pruning = None
     if self._error is not None:
         e, self._error = self._error, None

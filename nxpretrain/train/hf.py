@@ -112,13 +112,15 @@ def checkpoint_tensors(checkpoint) -> tuple[dict, callable]:
 def export_hf(checkpoint, out, recipe: Recipe | None = None, dtype=None, max_shard_gb: float = 5.0) -> Path:
     "Write checkpoint `checkpoint` as an HF folder `out` (config.json + safetensors); `dtype` e.g. torch.bfloat16 to cast."
     from nxpretrain.models.hf import to_hf_config, hf_tensors
+    from nxpretrain.families import family
     r = recipe or checkpoint_recipe(checkpoint)
+    fam = family(r.model.arch)
     meta, take = checkpoint_tensors(checkpoint)
     tensors = ((k, v if dtype is None else v.to(dtype)) for k, v in hf_tensors(r.model, take, meta.__contains__)
-               if not (k == 'lm_head.weight' and r.model.arch == 'gpt' and r.model.tie_embeddings))  # transformers re-ties it from wte
+               if not (k == fam.hf_tied_head and r.model.tie_embeddings))  # transformers re-ties it from the embedding
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     hf_cfg = to_hf_config(r.model)
-    hf_cfg.architectures = [{'gpt': 'GPT2LMHeadModel', 'llama': 'LlamaForCausalLM', 'bert': 'BertForPreTraining'}[r.model.arch]]
+    hf_cfg.architectures = [fam.hf_architecture]
     if dtype is not None: hf_cfg.torch_dtype = str(dtype).removeprefix('torch.')
     hf_cfg.to_json_file(str(out / 'config.json'))
     _write_safetensors(tensors, out, int(max_shard_gb * 2**30))

@@ -13,34 +13,46 @@ __all__ = ['S3Mirror', 'mirror_for', 'fetch_checkpoint']
 
 # %% ../../nbs/api/46_mirror.ipynb #11ef4b87
 class S3Mirror:
-    "Copy complete checkpoint folders under `url` (s3://bucket/prefix/step_N/…)."
-    def __init__(self, url: str, log=print, endpoint_url: str | None = None, check: bool = True):
+    "Copy complete checkpoint folders under `url` (s3://bucket/prefix/step_N/…), in a background thread."
+    def __init__(self, url: str, log=print, endpoint_url: str | None = None, check: bool = True, background: bool = True):
         from nxpretrain.data.s3 import split_url, s3_client, explain
-        self.url, self.log, self.endpoint_url = url.rstrip('/'), log, endpoint_url
+        self.url, self.log, self.endpoint_url, self.background = url.rstrip('/'), log, endpoint_url, background
         self.uploaded: list[str] = []
+        self._thread = None
         if check:
             bucket, _ = split_url(url)
             try: s3_client(endpoint_url=endpoint_url).head_bucket(Bucket=bucket)
             except Exception as e:
                 code = str(getattr(e, 'response', {}).get('Error', {}).get('Code', ''))
-                err = explain(type('E', (Exception,), {'response': {'Error': {'Code': 'NoSuchBucket'}}})() if code in ('404', 'NoSuchBucket') else e, url)
+                err = explain(e, url, code='NoSuchBucket' if code in ('404', 'NoSuchBucket') else '')
                 raise RecipeError(f"trainer.upload_to={url}: {err}") from None
 
-    def __call__(self, folder) -> str | None:
-        "Upload checkpoint `folder` if it is complete; returns its S3 address (None when refused or failed)."
+    def _upload(self, folder: Path, dest: str):
         from nxpretrain.data.s3 import upload_dir
-        from nxpretrain.errors import DataError
+        from nxpretrain.data.corpus import DataError
+        try: upload_dir(folder, dest, last=(MARKER,), endpoint_url=self.endpoint_url, progress=False)
+        except (DataError, OSError) as e:
+            self.log(f"upload of {folder.name} to {dest} failed: {e}; training goes on, the checkpoint stays on disk"); return
+        self.log(f"uploaded {folder.name} to {dest}")
+        self.uploaded.append(dest)
+
+    def __call__(self, folder) -> str | None:
+        "Start uploading checkpoint `folder` if it is complete; returns its S3 address (None when refused)."
+        import threading
         folder = Path(folder)
         try: verify_checkpoint(folder, deep=False)
         except CheckpointError as e:
             self.log(f"not uploading {folder}: {e}"); return None
+        self.wait()
         dest = f"{self.url}/{folder.name}"
-        try: upload_dir(folder, dest, last=(MARKER,), endpoint_url=self.endpoint_url, progress=False)
-        except DataError as e:
-            self.log(f"upload of {folder.name} to {dest} failed: {e}; training goes on, the checkpoint stays on disk"); return None
-        self.log(f"uploaded {folder.name} to {dest}")
-        self.uploaded.append(dest)
+        if not self.background: self._upload(folder, dest); return dest
+        self._thread = threading.Thread(target=self._upload, args=(folder, dest), name=f'upload-{folder.name}')
+        self._thread.start()
         return dest
+
+    def wait(self):
+        "Block until the upload in flight, if any, is done."
+        if self._thread is not None: self._thread.join(); self._thread = None
 
 # %% ../../nbs/api/46_mirror.ipynb #87234c3c
 def mirror_for(recipe, log=print) -> S3Mirror | None:

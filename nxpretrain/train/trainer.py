@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from ..recipes import Recipe, RecipeError, padded_vocab, validate, to_dict
 from ..errors import EXIT_REQUEUE, TrainingError
+from ..families import family
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'SyntheticTokens', 'synthetic_datasets',
@@ -69,7 +70,7 @@ def _bert_datasets(recipe: Recipe, data_root: str):
 def build_datasets(recipe: Recipe, num_samples: int, data_root: str = 'runs/data'):
     "(train, valid, test) datasets for `recipe`: items `{'tokens', 'labels'}`, or BERT's (see `model_inputs`)."
     if recipe.data.corpus == 'synthetic': return synthetic_datasets(recipe, num_samples)
-    if recipe.model.arch == 'bert': return one_rank_first(lambda: _bert_datasets(recipe, data_root))
+    if family(recipe.model.arch).objective == 'mlm_nsp': return one_rank_first(lambda: _bert_datasets(recipe, data_root))
     from nxpretrain.data.prepare import ensure_dataset
     from nxpretrain.data.gpt_dataset import build_gpt_datasets
     def build():

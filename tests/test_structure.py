@@ -1,0 +1,41 @@
+"""The shape of the package a newcomer extends: short functions, no branching on the model architecture outside
+`nxpretrain/models/` (consumers ask the model family), one training path (no duck-typing of the model in the trainer),
+and an engine that composes its concern modules."""
+import ast, re
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / 'nxpretrain'
+SOURCES = [p for p in sorted(PKG.rglob('*.py')) if p.name != '_modidx.py']
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_longer_than_60_lines():
+    long = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES: long.append(f"{path.relative_to(PKG)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, long
+
+
+def test_no_architecture_branches_outside_models():
+    pattern = re.compile(r"\barch\s*(==|!=)")
+    hits = [f"{p.relative_to(PKG)}:{i}" for p in SOURCES if 'models' not in p.relative_to(PKG).parts
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not hits, f"ask nxpretrain.families.family(arch) instead: {hits}"
+
+
+def test_the_trainer_does_not_duck_type_the_model():
+    text = (PKG / 'train' / 'trainer.py').read_text()
+    assert 'hasattr(model' not in text and 'hasattr(self.model' not in text
+
+
+def test_the_engine_composes_its_concern_modules():
+    text = (PKG / 'parallel' / 'engine.py').read_text()
+    for concern in ('loss', 'pipeline', 'tensor', 'context', 'activation', 'data', 'init', 'zero'):
+        assert f'from .{concern} import' in text or f'nxpretrain.parallel.{concern} import' in text, concern
+    tree = ast.parse(text)
+    attached = [n for n in tree.body if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Attribute) and getattr(t.value, 'id', '') == 'ParallelModel' for t in n.targets)]
+    assert not attached, 'ParallelModel methods belong in its class body'
