@@ -161,7 +161,7 @@ ENCODABLE = st.lists(st.one_of(st.text(st.characters(), max_size=30),
 
 
 @pytest.mark.parametrize('tokenizer', ['gpt2', 'wordpiece'])
-@settings(fuzz, max_examples=CASES * 20)
+@settings(fuzz, max_examples=CASES * 4 if SLOW else CASES * 20)
 @given(t=ENCODABLE, max_chars=st.integers(2, 64))
 def test_cuts_equal_whole_text(toks, tokenizer, t, max_chars):
     """The cut rules on small pieces: any text cut at safe places every few characters equals the whole."""
