@@ -88,7 +88,11 @@ def _jobs(a):
     from nxpretrain.launch.launcher import job_table
     table = job_table()
     if a.json: return print(table.to_json(orient='records', indent=1))
-    print(table.to_string(index=False) if len(table) else 'no jobs')
+    if not len(table): return print('no jobs')
+    from nxpretrain.machine import Table
+    rows = [[j.job_id, j.state, j.scheduler, j.name, f"{j.elapsed_s:.0f} s", j.reason] for j in table.itertuples()]
+    print(Table(['job', 'state', 'scheduler', 'name', 'elapsed', 'why'], rows).text())
+    print("\na job's log: nxpretrain tail JOB; every field (log, nodes, exit code…): nxpretrain jobs --json")
 
 def _tail(a):
     from nxpretrain.launch.launcher import tail
@@ -219,3 +223,7 @@ def main(argv=None):
     except NxpError as e:
         print(f"nxpretrain {a.command}: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    except BrokenPipeError:                        # `nxpretrain jobs | head`: the reader left, nothing to say
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -384,8 +384,9 @@ def readiness(report: MachineReport, recipes='all', data_dir=None) -> Table:
     "One row per recipe (names, comma-separated names, or 'all'): what it runs on and which kinds of thing are missing here."
     rows = []
     for n in _recipe_names(recipes):
-        gaps = recipe_gaps(get_recipe(n), report, data_dir)
-        rows.append([n, _runs_on(get_recipe(n)), ', '.join(g.split(':')[0] for g in gaps) or 'ready'])
+        rec = get_recipe(n)                      # once: a seed's alias says so once
+        gaps = recipe_gaps(rec, report, data_dir)
+        rows.append([rec.name, _runs_on(rec), ', '.join(g.split(':')[0] for g in gaps) or 'ready'])
     return Table(['recipe', 'runs on', 'missing here'], rows)
 
 # %% ../nbs/api/03_machine.ipynb #7d5a429d

@@ -263,6 +263,20 @@ def choice_fields(cls=None, prefix: str = '') -> dict:
         elif typing.get_origin(tp) is typing.Literal: out[prefix + f.name] = typing.get_args(tp)
     return out
 
+def _schedule_problems(recipe: Recipe, n_mb: int) -> list[str]:
+    "What the pipeline schedule refuses for `n_mb` micro-batches per step (torch.distributed.pipelining's rules)."
+    p, d = recipe.parallel, recipe.data
+    step = d.global_batch // n_mb   # sequences per micro-batch over every DP rank
+    if p.pp_schedule == 'interleaved' or p.virtual_pp > 1:
+        rounds = max(1, n_mb // p.pp)
+        if n_mb % rounds:
+            return [f"data.global_batch={d.global_batch}: the interleaved pipeline's {n_mb} micro-batches per step are not a "
+                    f"multiple of its {rounds} rounds of parallel.pp={p.pp}; use a global batch of a multiple of {step * p.pp}"]
+    elif p.pp_schedule == '1f1b' and n_mb < p.pp:
+        return [f"data.global_batch={d.global_batch} gives {n_mb} micro-batches per step, fewer than parallel.pp={p.pp} "
+                f"stages (1F1B needs one per stage): raise it to {step * p.pp} or use parallel.pp_schedule=gpipe"]
+    return []
+
 def problems(recipe: Recipe, world: int | None = None) -> list[str]:
     "Every inconsistency of `recipe` for `world` devices, one line each: the field, what is wrong, the fix."
     m, p, d, out = recipe.model, recipe.parallel, recipe.data, []
@@ -311,10 +325,7 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
         if p.dp not in (-1, dp): out.append(f"parallel.dp={p.dp} but the world gives {world}/(tp·pp·cp)={dp}: set parallel.dp=-1 or {dp}")
         if d.global_batch % (d.micro_batch * dp):
             out.append(f"data.global_batch={d.global_batch} is not divisible by data.micro_batch×DP={d.micro_batch}×{dp}: use a multiple of {d.micro_batch * dp}")
-        elif p.pp > 1 and (p.pp_schedule == 'interleaved' or p.virtual_pp > 1) and (d.global_batch // (d.micro_batch * dp)) % p.pp:
-            n_mb = d.global_batch // (d.micro_batch * dp)
-            out.append(f"data.global_batch={d.global_batch}: the interleaved pipeline's {n_mb} micro-batches per step are not a "
-                       f"multiple of parallel.pp={p.pp}; use a global batch of a multiple of {d.micro_batch * dp * p.pp}")
+        elif p.pp > 1: out += _schedule_problems(recipe, d.global_batch // (d.micro_batch * dp))
     if recipe.trainer.upload_to and not recipe.trainer.upload_to.startswith('s3://'):
         out.append(f"trainer.upload_to={recipe.trainer.upload_to!r}: give an s3://bucket/prefix address, or '' for no upload")
     if recipe.optim.warmup_steps > recipe.trainer.max_steps: out.append(f"optim.warmup_steps={recipe.optim.warmup_steps} exceeds trainer.max_steps={recipe.trainer.max_steps}: shorten the warmup")

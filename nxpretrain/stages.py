@@ -60,10 +60,10 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         return train(r, out_dir=out_dir)
     from nxpretrain.launch.job import make_job
     from nxpretrain.launch.launcher import get_launcher
-    from nxpretrain.launch.nxdt import export_nxdt
+    from nxpretrain.launch.nxdt import export_trn1
     where = Path(out_dir) / 'jobs' / r.name
     if profile(r.cluster.profile).backend == 'xla':   # trn1: legacy XLA, run through NxD Training (compile first: 03_compile)
-        job = export_nxdt(r, where, cluster or None)['train']
+        job = export_trn1(r, where, cluster or None)['train']
     else:                                             # checks the recipe against the cluster, quotes every value
         job = make_job(r, cluster or None, where, scheduler='local' if action == 'torchrun' else None)
     if action == 'torchrun':                          # several processes on this machine: the local launcher's torchrun
@@ -74,8 +74,8 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     print(f"\nThe job {'submitted' if action == 'submit' and not test_only else 'it would submit'} ({job.script_path}):\n")
     print(job)
     if profile(r.cluster.profile).backend == 'xla':
-        print(f"\n{where / 'train.sh'} (what srun runs on every node; NxD Training config: {job.recipe_path}):\n")
-        print((where / 'train.sh').read_text())
+        print(f"\n{job.argv[0]} (what srun runs on every node; config: {job.recipe_path}):\n")
+        print(Path(job.argv[0]).read_text())
     if action == 'stop': return job
     launcher = get_launcher(job.scheduler)
     if test_only:

@@ -3,8 +3,8 @@ subcommand; one line naming the nearest field for a key that is not one; one lin
 speak; `--json` parsed from every listing and report; and every example of the README and of the `--help` texts run.
 
 Examples that need Slurm run against a real Slurm controller started here (jobs stay queued: nothing trains on it);
-examples that train run 2 steps instead of 50, and `watch` waits 1 s. Where no local Slurm can be started they run
-with no Slurm configuration and must say so in one line."""
+examples that train run 2 steps instead of 50, and `watch` waits 1 s. Where no local Slurm can be started (or other
+Slurm tests hold it for a minute) they run with no Slurm configuration and must say so in one line."""
 import contextlib, fcntl, io, json, os, re, shlex, shutil, subprocess, sys, time
 from pathlib import Path
 import pytest
@@ -164,6 +164,8 @@ def test_jobs_without_slurm_lists_this_machines_jobs(workdir, no_slurm):
     "With no Slurm, `jobs` still answers for the schedulers that do (this machine): JSON rows, no Slurm words."
     rc, out, err = run('jobs', '--json')
     assert rc == 0 and isinstance(json.loads(out), list) and 'sbatch' not in err + out, err
+    text = ok('jobs')
+    assert max(map(len, text.splitlines())) <= 100, text
 
 
 @pytest.mark.skipif(not shutil.which('sbatch') or Path('/etc/slurm/slurm.conf').exists(),
@@ -283,7 +285,9 @@ def local_slurm():
         while True:
             try: fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB); break
             except BlockingIOError:
-                if time.time() - t0 > 120: pytest.fail('the Slurm test lock stayed taken for 2 minutes')
+                if time.time() - t0 > 60:                   # other Slurm tests hold it: the no-Slurm form, said so
+                    print('the Slurm test lock stayed taken for 60 s: Slurm examples run in their no-Slurm form')
+                    yield None; return
                 time.sleep(1)
         with LocalSlurm.shaped_like('local', 2, name='cli', port=6960) as c: yield c
 
@@ -308,6 +312,7 @@ def test_every_documented_example_runs(workdir, monkeypatch):
     # A real controller, its nodes without slurmd: sbatch --test-only answers, submitted jobs queue and none runs.
     job_id = ''
     with local_slurm() as slurm:
+        if slurm is None: monkeypatch.setenv('SLURM_CONF', '/nonexistent/slurm.conf')   # never a real cluster by chance
         for w in slurm_ones:
             argv = cheap(w, job_id or '12345')
             if slurm is None and w[0] == 'jobs':                # this machine's jobs, whatever Slurm says

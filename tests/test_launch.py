@@ -6,18 +6,18 @@ import pytest
 from nxpretrain.recipes import CATALOG, RecipeError
 from nxpretrain.launch.job import make_job, make_array_job
 from nxpretrain.launch.local import run_local
-from nxpretrain.launch.nxdt import export_nxdt
+from nxpretrain.launch.nxdt import export_nxdt, export_trn1
 
 
 @pytest.mark.parametrize('name', sorted(CATALOG))
 def test_every_catalog_job_is_valid_bash(name, tmp_path):
     jobs = [make_job(name, None, tmp_path / 'job')]
-    if CATALOG[name].cluster.profile.startswith('trn1') and CATALOG[name].model.arch != 'bert': jobs += list(export_nxdt(name, tmp_path / 'nxdt').values())
+    if CATALOG[name].cluster.profile.startswith('trn1'): jobs += list(export_trn1(name, tmp_path / 'nxdt').values())
     for job in jobs:
         p = subprocess.run(['bash', '-n', str(job.script_path)], capture_output=True, text=True)
         assert p.returncode == 0, (name, job.kind, p.stderr)
         assert job.script.count('#SBATCH --nodes=') == 1
-    if len(jobs) > 1: assert subprocess.run(['bash', '-n', str(tmp_path / 'nxdt' / 'train.sh')]).returncode == 0
+    if len(jobs) > 1: assert subprocess.run(['bash', '-n', jobs[-1].argv[0]]).returncode == 0
 
 
 EVIL = ["$(touch {p})", "`touch {p}`", "'; touch {p}; '", '"; touch {p}; "', "x\ntouch {p}", "a && touch {p} || b", "| touch {p}",

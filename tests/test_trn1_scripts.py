@@ -104,3 +104,62 @@ def test_sbatch_lines_are_seed4s(run, flag, value, source):
         line = f"#SBATCH {flag}" + (f"={value}" if value else '')
         assert line in job.script.splitlines(), (flag, source)
     assert 'srun ' in jobs['train'].script
+
+
+SEED3 = 'seed 3: aws-neuron-samples torch-neuronx/training/dp_bert_hf_pretrain/'
+# (variable, value, source): the environment run_xla.sh exports for BERT on the XLA device
+SEED3_ENV = [
+    ('NEURON_RT_EXEC_TIMEOUT', '600', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:7'),
+    ('NEURON_RT_STOCHASTIC_ROUNDING_SEED', '0', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:8'),
+    ('TF_GRPC_DEFAULT_OPTIONS', 'grpc.keepalive_time_ms=60000,grpc.keepalive_timeout_ms=14400000,grpc.http2.max_pings_without_data=0,'
+                                'grpc.http2.min_ping_interval_without_data_ms=600000', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:9'),
+    ('FI_EFA_USE_DEVICE_RDMA', '1', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:67'),
+    ('FI_PROVIDER', 'efa', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:68'),
+    ('FI_EFA_FORK_SAFE', '1', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:69'),
+    ('BUCKET_CAP_MB', '512', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:70'),
+    ('XLA_TRANSFER_SEED_ASYNC', '1', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:71'),
+    ('NEURON_CC_FLAGS', '"${NEURON_CC_FLAGS:-} --model-type=transformer --retry_failed_compilation"', SEED3 + 'dp_bert_large_hf_pretrain_hdf5.py:80 (appends)'),
+    ('NEURON_COMPILE_CACHE_URL', '<shared cache>', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:81 (used when set)'),
+]
+SEED3_TORCHRUN = [
+    ('--nproc_per_node', '32', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:56,77 (32 NeuronCores)'),
+    ('--nnodes', '16', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:72,77 ($SLURM_NTASKS)'),
+    ('--node_rank', '3', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:73,77 ($SLURM_NODEID)'),
+    ('--master_addr', 'trn-node-1', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:74 (first host of the allocation)'),
+    ('--master_port', '2022', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:75'),
+]
+
+
+@pytest.fixture(scope='module')
+def bert(tmp_path_factory):
+    from nxpretrain.launch.nxdt import export_trn1
+    d = tmp_path_factory.mktemp('bert')
+    return d, export_trn1('bert_large', d / 'run', cache_url=str(d / 'cache'))
+
+
+def test_bert_run_script_environment_is_seed3s(bert):
+    d, jobs = bert
+    exported = exports_of((d / 'run/run_xla.sh').read_text())
+    want = {k: v for k, v, _ in SEED3_ENV}
+    want['NEURON_COMPILE_CACHE_URL'] = '${NEURON_COMPILE_CACHE_URL:-' + str(d / 'cache') + '}'
+    assert exported == want, {k: (exported.get(k), want.get(k)) for k in set(exported) | set(want) if exported.get(k) != want.get(k)}
+    assert not (d / 'run/conf').exists()                       # no NxD Training config for BERT
+
+
+def test_bert_torchrun_and_compile_are_seed3s(bert):
+    d, jobs = bert
+    bin_ = d / 'bin'; bin_.mkdir(exist_ok=True)
+    for name, body in {'scontrol': 'printf "trn-node-1\\ntrn-node-2\\n"'}.items():
+        (bin_ / name).write_text(f'#!/bin/sh\n{body}\n'); (bin_ / name).chmod(0o755)
+    script = (d / 'run/run_xla.sh').read_text()
+    python = script.split(' -m torch.distributed.run')[0].rsplit('\n', 1)[1]
+    (d / 'run/run_xla.sh').write_text(script.replace(python + ' -m torch.distributed.run', 'echo torchrun'))
+    env = {**os.environ, 'PATH': f"{bin_}:{os.environ['PATH']}", 'SLURM_JOB_NODELIST': 'trn-node-[1-16]', 'SLURM_NTASKS': '16',
+           'SLURM_NODEID': '3'}
+    out = subprocess.run([str(d / 'run/run_xla.sh')], env=env, check=True, capture_output=True, text=True).stdout.split()
+    for arg, value, source in SEED3_TORCHRUN: assert out[out.index(arg) + 1] == value, (arg, source, out)
+    assert out[out.index('-m') + 1:out.index('-m') + 3] == ['nxpretrain.train.xla', '--xla']
+    # seed 3: sbatch --exclusive --nodes=16 --wrap "srun neuron_parallel_compile ./run...sh", then the same without it
+    assert f"srun neuron_parallel_compile {d / 'run/run_xla.sh'}" in jobs['compile'].script
+    assert 'neuron_parallel_compile' not in jobs['train'].script and '#SBATCH --exclusive' in jobs['train'].script
+    assert '#SBATCH --nodes=16' in jobs['compile'].script

@@ -11,7 +11,7 @@ from ..recipes import Recipe, RecipeError, get_recipe, override, problems
 from .job import Job, make_job, resolve_cluster
 from .launcher import get_launcher
 from .local import run_local
-from .nxdt import export_nxdt, parse_compile_log
+from .nxdt import export_trn1, parse_compile_log
 from .watch import ProgressReader
 
 # %% auto #0
@@ -87,7 +87,7 @@ def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', ov
     rep.cache_env = cache_env(cache_dir or out_dir / 'compile-cache', prof.backend)
     local = not cluster and prof.name == 'local' and r.cluster.nodes == 1
     if prof.backend == 'xla':
-        rep.job = export_nxdt(r, out_dir, cache_url=rep.cache_env['NEURON_COMPILE_CACHE_URL'])['compile']
+        rep.job = export_trn1(r, out_dir, cache_url=rep.cache_env['NEURON_COMPILE_CACHE_URL'])['compile']
     else:
         short = [f"trainer.max_steps={steps}", f"optim.warmup_steps={min(r.optim.warmup_steps, steps)}", 'trainer.save_every=0',
                  'trainer.save_every_minutes=0', 'trainer.eval_every=0', 'trainer.resume=false', f"trainer.log_every=1"]
