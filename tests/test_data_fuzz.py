@@ -156,12 +156,12 @@ def test_prepare_properties_two_workers(toks, tokenizer, c):
     check_corpus(*c, toks[tokenizer], workers=2)
 
 
-ENCODABLE = st.lists(st.one_of(st.text(st.characters(), max_size=30),
+ENCODABLE = st.lists(st.one_of(st.text(st.characters(exclude_categories=['Cs']), max_size=30),   # what parse_line lets through
                                st.sampled_from([h for h in HOSTILE if not 0xD800 <= ord(h[0]) <= 0xDFFF])), max_size=40).map(''.join)
 
 
 @pytest.mark.parametrize('tokenizer', ['gpt2', 'wordpiece'])
-@settings(fuzz, max_examples=CASES * 20)
+@settings(fuzz, max_examples=CASES * 4 if SLOW else CASES * 20)
 @given(t=ENCODABLE, max_chars=st.integers(2, 64))
 def test_cuts_equal_whole_text(toks, tokenizer, t, max_chars):
     """The cut rules on small pieces: any text cut at safe places every few characters equals the whole."""

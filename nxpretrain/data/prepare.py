@@ -112,6 +112,7 @@ def tokenize_files(inputs: list, # .jsonl / .jsonl.zst files, in output order
                     try: results.append(ordered.next(timeout=0.2))
                     except mp.TimeoutError: pass
                     bar.n = counter.value; bar.refresh()
+                pool.close(); pool.join()   # workers leave on their own: terminate() can hang on a queue lock a killed worker held
     except BaseException:
         for t in tasks:
             for s in ('.bin', '.idx', '.bin.part', '.idx.part', '.bad.txt', SIDECAR): Path(t.out_prefix + s).unlink(missing_ok=True)
