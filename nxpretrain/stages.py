@@ -12,7 +12,7 @@ from .plan import plan, Plan
 from .errors import LaunchError, TrainingError
 
 # %% auto #0
-__all__ = ['load_recipe', 'where_to_train', 'Folded', 'job_summary', 'train_stage']
+__all__ = ['load_recipe', 'where_to_train', 'Folded', 'job_summary', 'train_stage', 'one_line_errors']
 
 # %% ../nbs/api/07_stages.ipynb #9d6cb3ca
 def load_recipe(model: str, overrides=(), max_steps: int | None = None, world: int | None = None) -> Recipe:
@@ -109,3 +109,25 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     if job_id is not None or action == 'stop': return job_id if job_id is not None else job
     print(f"\nthe {job.scheduler} answer (nothing submitted): {get_launcher(job.scheduler).check(job)}")
     return job
+
+# %% ../nbs/api/07_stages.ipynb #b56db6c6
+def _one_line(shell, etype, evalue, tb, tb_offset=None) -> list[str]:
+    "IPython's handler for nxpretrain's errors: shows the error's one line as the whole traceback, and returns it."
+    stb = [f"{etype.__name__}: {evalue}"]
+    if shell is not None: shell._showtraceback(etype, evalue, stb)   # the kernel sends it as the cell's error output
+    return stb
+
+
+def one_line_errors(shell=None) -> bool:
+    "Make `shell` (this Jupyter kernel's) end a cell that raised an nxpretrain error with its one line; True if it did."
+    from nxpretrain.errors import NxpError
+    if shell is None:
+        try: from IPython import get_ipython
+        except ImportError: return False
+        shell = get_ipython()
+    if shell is None or getattr(shell, 'kernel', None) is None: return False
+    shell.set_custom_exc((NxpError,), _one_line)
+    return True
+
+
+one_line_errors()   # on import: every stage notebook imports this module

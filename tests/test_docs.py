@@ -81,7 +81,7 @@ def test_stage_pages_show_how_to_run_and_their_outputs(site, stage):
 def test_stage_pages_hold_figures_and_tables(site, stage, figures, tables):
     "Tables counted include the parameters table; figures are the notebook's own plots (inline PNG)."
     html = (site / f'{stage}.html').read_text()
-    assert html.count('<img src="data:image/png') >= figures, f'{stage}: fewer than {figures} figure(s)'
+    assert html.count('src="data:image/png;base64') >= figures, f'{stage}: fewer than {figures} figure(s)'
     assert html.count('<table') >= tables, f'{stage}: fewer than {tables} table(s)'
 
 
@@ -192,7 +192,7 @@ def test_screenshots_show_the_figure_and_the_table(site, page, png, figure):
     dom = chromium('--virtual-time-budget=3000', '--dump-dom', (site / page).as_uri())
     assert '<table' in dom, f'{page}: no table rendered'
     if figure:
-        figs = re.findall(r'<img src="data:image/png;base64,([^"]+)"', dom)
+        figs = re.findall(r'<img[^>]* src="data:image/png;base64,([^"]+)"', dom)
         assert figs, f'{page}: no figure rendered'
         want = saturated_colours(base64.b64decode(figs[0]))
         seen = saturated_colours(data, step=2)

@@ -202,7 +202,7 @@ def nbdev_config() -> dict:
 EXEC = ROOT / '_exec'   # executed notebooks, keyed by the notebook's and the package's content (git-ignored)
 # The stage notebooks run through papermill, in this order, in one working folder (so 05 and 06 find 04's run),
 # with these parameters: CPU recipes, a short run.
-STAGE_PARAMS = {'00_setup.ipynb': {}, '01_data.ipynb': {}, '02_plan.ipynb': {'model': 'gpt3_23b'},
+STAGE_PARAMS = {'00_setup.ipynb': {'recipes': 'all'}, '01_data.ipynb': {'corpus': 'demo'}, '02_plan.ipynb': {'model': 'gpt3_23b'},
                 '03_compile.ipynb': {'model': 'gpt3_tiny'}, '04_train.ipynb': {'model': 'gpt3_tiny', 'max_steps': 30,
                                    'overrides': 'trainer.log_every=5 trainer.eval_every=15 trainer.save_every=30'},
                 '05_monitor.ipynb': {'model': 'gpt3_tiny'}, '06_evaluate.ipynb': {'model': 'gpt3_tiny'}}
