@@ -27,7 +27,8 @@ EXAMPLES = {
     'watch': ['nxpretrain watch JOB_ID --timeout 600'],
     'cancel': ['nxpretrain cancel JOB_ID --signal USR1', 'nxpretrain cancel JOB_ID'],
     'evaluate': ['nxpretrain evaluate runs/gpt3_tiny/checkpoints/step_50 --prompt "def "',
-                 'nxpretrain evaluate --json runs/gpt3_tiny/checkpoints/step_50 --steps 2'],
+                 'nxpretrain evaluate --json runs/gpt3_tiny/checkpoints/step_50 --steps 2',
+                 'nxpretrain evaluate runs/gpt3_tiny/checkpoints/step_50 --greedy --prompt "def "'],
     'export-hf': ['nxpretrain export-hf runs/gpt3_tiny/checkpoints/step_50 runs/hf/gpt3_tiny'],
     'import-hf': ['nxpretrain import-hf runs/hf/gpt3_tiny runs/gpt3_tiny_from_hf'],
     'demo': ['nxpretrain demo'],
@@ -114,15 +115,17 @@ def _watch(a):
 
 # %% ../nbs/api/08_cli.ipynb #cc650eae
 def _evaluate(a):
-    from nxpretrain.evaluate import perplexity, load_model, sample_text
+    from nxpretrain.evaluate import perplexity, load_model, generate, trainer_validation, evaluation_table
     from nxpretrain.data.tokenizers import get_tokenizer
-    out = dict(checkpoint=a.checkpoint, **perplexity(a.checkpoint, steps=a.steps))
+    out = dict(checkpoint=a.checkpoint, **perplexity(a.checkpoint, steps=a.steps), trainer=trainer_validation(a.checkpoint))
     if a.prompt:
         model, r = load_model(a.checkpoint)
-        out['sample'] = sample_text(model, get_tokenizer(r.data.tokenizer), a.prompt, a.max_new_tokens, greedy=False, top_k=50)
+        tok = get_tokenizer(r.data.tokenizer)
+        ids = generate(model, [tok.encode(a.prompt) or [0]], a.max_new_tokens, greedy=a.greedy, top_k=50, vocab_size=tok.vocab_size)[0]
+        out.update(sample=tok.decode(ids.tolist()), sample_tokens=ids.tolist())
     if a.json: return _print_json(out)
-    print(f"loss {out['loss']:.4f}  perplexity {out['perplexity']:.2f}  ({out['tokens']} validation tokens)")
-    if a.prompt: print(out['sample'])
+    print(evaluation_table(a.checkpoint, out, out['trainer']))
+    if a.prompt: print(f"\n{'greedy' if a.greedy else 'sampled (top 50)'}: {out['sample']}")
 
 def _export_hf(a):
     from nxpretrain.train.hf import export_hf
@@ -218,9 +221,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--timeout', type=float, default=3600, help='seconds (default 3600)')
     p = cmd('evaluate', _evaluate, 'validation perplexity of a checkpoint, and a sample', json=True)
     p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/gpt3_tiny/checkpoints/step_300')
-    p.add_argument('--steps', type=int, default=10, help='validation batches (default 10)')
+    p.add_argument('--steps', type=int, default=None,
+                   help="validation batches (default: the recipe's trainer.eval_steps, as many as the trainer's own validation)")
     p.add_argument('--prompt', default='', help='also sample a continuation of this text')
     p.add_argument('--max-new-tokens', type=int, default=40, help='length of the sample in tokens (default 40)')
+    p.add_argument('--greedy', action='store_true', help="the most likely token each time (what transformers' generate gives) instead of top-50 sampling")
     p = cmd('export-hf', _export_hf, 'write a checkpoint as a Hugging Face folder (config.json + safetensors)')
     p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/RUN/checkpoints/step_300')
     p.add_argument('out', help='the Hugging Face folder to write (config, weights, tokenizer, generation config)')
