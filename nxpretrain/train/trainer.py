@@ -387,6 +387,10 @@ class Trainer:
         if self.steps_log: self.steps_log.close()
         res, tokens_per_step = self.result, self.recipe.data.global_batch * self.recipe.model.seq_len
         res.final_step = self.state.step
+        if res.last_checkpoint is None:              # nothing saved in this call (already at max_steps): the newest on disk
+            from nxpretrain.train.checkpoint import latest_checkpoint
+            ck = latest_checkpoint(self.run_dir / 'checkpoints', deep=False, log=lambda m: None)
+            res.last_checkpoint = str(ck) if ck else None
         res.tokens_per_s = len(res.steps) * tokens_per_step / self.step_time if self.step_time else 0.0
         self.log(f"done at step {res.final_step} ({res.stopped}); {res.tokens_per_s:.0f} tokens/s; last checkpoint "
                  f"{res.last_checkpoint}")
