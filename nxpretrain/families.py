@@ -27,6 +27,7 @@ class ModelFamily:
     hf_architecture: str | None = None               # transformers class name, e.g. 'LlamaForCausalLM'
     hf_tied_head: str | None = None                  # HF key that transformers re-ties from the embedding
     nxdt_source: Literal['hf', 'megatron', None] = None   # how NxD Training builds it on trn1
+    nxdt_example: str | None = None                  # NxDT example config for recipes it has none for
     tiny: tuple = ('gpt3_tiny', ())                  # (catalog recipe, overrides) of its tiny test model
 
     @property

@@ -83,9 +83,9 @@ def nxdt_config(recipe: Recipe, devices: int, nodes: int, out_dir='runs', train_
                 init_from: str = '', model_config: str = '') -> dict:
     "The NxD Training config of `recipe` for `nodes` × `devices` NeuronCores, on the keys of NxDT's example for the model."
     m, p, d, o, t = recipe.model, recipe.parallel, recipe.data, recipe.optim, recipe.trainer
-    if m.arch not in ('gpt', 'llama'): raise RecipeError(f"model.arch={m.arch!r}: NxD Training has GPT (megatron) and Llama (hf) models only")
-    hf = family(m.arch).nxdt_source == 'hf'   # NxD Training builds Llama from HF's LlamaConfig, GPT from Megatron's
-    source = 'hf' if hf else 'megatron'
+    source = family(m.arch).nxdt_source
+    if source is None: raise RecipeError(f"model.arch={m.arch!r}: NxD Training has GPT (megatron) and Llama (hf) models only")
+    hf = source == 'hf'   # NxD Training builds Llama from HF's LlamaConfig, GPT from Megatron's
     c = dict(EXAMPLES[example_name(recipe)])
     log_dir = Path(out_dir) / recipe.name
     saves = t.save_every > 0 or t.save_every_minutes > 0
@@ -124,25 +124,32 @@ def nxdt_config(recipe: Recipe, devices: int, nodes: int, out_dir='runs', train_
         if key in c or value != default: c[key] = value
     if o.name != 'adamw': raise RecipeError(f"optim.name={o.name!r}: the NxD Training export knows AdamW only (NxDT's examples); use optim.name=adamw")
     if o.eps != 1e-8: c['model.optim.eps'] = o.eps
-    if hf:
-        c.update({'data.train_dir': train_dir or str(Path(f"{corpus_prefix(recipe, data_root)}_blocks{m.seq_len}")),
-                  'model.model_config': model_config, 'model.rope_theta': m.rope_theta, 'model.qkv_linear': p.kv_replicator > 1,
-                  'distributed_strategy.kv_replicator': p.kv_replicator,
-                  'model.fusions.flash_attention': p.cp == 1})
-        if 'model.fuse_qkv' in c: c['model.fuse_qkv'] = True
-    else:
-        vocab, merges = gpt2_files(recipe, data_root)
-        c.update({'data.data_prefix': data_prefix(recipe, data_root) if not train_dir else [1.0, train_dir],
-                  'data.splits_string': d.split, 'data.seq_length': m.seq_len, 'data.num_workers': max(d.num_workers, 1),
-                  'data.tokenizer.vocab_file': vocab, 'data.tokenizer.merge_file': merges,
-                  'model.ffn_hidden_size': m.ffn, 'model.num_attention_heads': m.n_heads, 'model.num_kv_heads': m.kv_heads,
-                  'model.init_method_std': m.init_std, 'model.hidden_dropout': m.dropout, 'model.attention_dropout': m.dropout,
-                  'model.ffn_dropout': m.dropout, 'model.layernorm_epsilon': m.norm_eps,
-                  'model.make_vocab_size_divisible_by': m.make_vocab_size_divisible_by,
-                  'model.share_embeddings_and_output_weights': m.tie_embeddings})
-        if m.n_layers % p.pp: raise RecipeError(f"model.n_layers={m.n_layers} is not divisible by parallel.pp={p.pp}: NxDT cuts GPT layers evenly")
+    c.update(_hf_keys(recipe, c, train_dir, data_root, model_config) if hf else _megatron_keys(recipe, train_dir, data_root))
     if init_from: c['model.weight_init_only'] = True
     return _nest(c)
+
+def _hf_keys(recipe: Recipe, example: dict, train_dir: str, data_root, model_config: str) -> dict:
+    "The keys of an NxDT config that only HF-sourced models (Llama) have."
+    m, p = recipe.model, recipe.parallel
+    keys = {'data.train_dir': train_dir or str(Path(f"{corpus_prefix(recipe, data_root)}_blocks{m.seq_len}")),
+            'model.model_config': model_config, 'model.rope_theta': m.rope_theta, 'model.qkv_linear': p.kv_replicator > 1,
+            'distributed_strategy.kv_replicator': p.kv_replicator, 'model.fusions.flash_attention': p.cp == 1}
+    if 'model.fuse_qkv' in example: keys['model.fuse_qkv'] = True
+    return keys
+
+def _megatron_keys(recipe: Recipe, train_dir: str, data_root) -> dict:
+    "The keys of an NxDT config that only Megatron-sourced models (GPT) have."
+    m, p, d = recipe.model, recipe.parallel, recipe.data
+    if m.n_layers % p.pp: raise RecipeError(f"model.n_layers={m.n_layers} is not divisible by parallel.pp={p.pp}: NxDT cuts GPT layers evenly")
+    vocab, merges = gpt2_files(recipe, data_root)
+    return {'data.data_prefix': data_prefix(recipe, data_root) if not train_dir else [1.0, train_dir],
+            'data.splits_string': d.split, 'data.seq_length': m.seq_len, 'data.num_workers': max(d.num_workers, 1),
+            'data.tokenizer.vocab_file': vocab, 'data.tokenizer.merge_file': merges,
+            'model.ffn_hidden_size': m.ffn, 'model.num_attention_heads': m.n_heads, 'model.num_kv_heads': m.kv_heads,
+            'model.init_method_std': m.init_std, 'model.hidden_dropout': m.dropout, 'model.attention_dropout': m.dropout,
+            'model.ffn_dropout': m.dropout, 'model.layernorm_epsilon': m.norm_eps,
+            'model.make_vocab_size_divisible_by': m.make_vocab_size_divisible_by,
+            'model.share_embeddings_and_output_weights': m.tie_embeddings}
 
 def _nest(flat_cfg: dict) -> dict:
     out = {}
@@ -318,7 +325,7 @@ def export_xla_dp(recipe: Recipe | str, out_dir, cluster=None, overrides=(), cac
 def export_trn1(recipe: Recipe | str, out_dir, cluster=None, overrides=(), cache_url: str = '', **kw) -> dict[str, Job]:
     "The compile and train jobs of `recipe` on trn1: seed 3's XLA data-parallel run for BERT, NxD Training otherwise."
     r = get_recipe(recipe, *overrides) if isinstance(recipe, str) else recipe
-    if r.model.arch == 'bert':
+    if family(r.model.arch).nxdt_source is None:   # BERT: seed 3 runs it without NxD Training
         return export_xla_dp(r, out_dir, cluster, cache_url=cache_url, data_root=kw.get('data_root', 'runs/data'))
     return export_nxdt(r, out_dir, cluster, cache_url=cache_url, **kw)
 

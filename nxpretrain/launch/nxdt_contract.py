@@ -7,6 +7,7 @@ values it accepts, and its own example configs. Our trn1 exports are checked aga
 from __future__ import annotations
 import math
 from pathlib import Path
+from ..families import family
 
 # %% auto #0
 __all__ = ['NXDT_REPO', 'NXDT_COMMIT', 'REQUIRED', 'OPTIONAL', 'ALLOWED', 'RECOMPUTE_MODULES', 'DATA_MODULES', 'COMPILE_RUN',
@@ -151,7 +152,7 @@ def example_name(recipe) -> str:
     name = getattr(recipe, 'name', recipe)
     if name in EXAMPLE_FOR: return EXAMPLE_FOR[name]
     arch = getattr(getattr(recipe, 'model', None), 'arch', 'gpt')
-    return 'hf_llama3_70B_config' if arch == 'llama' else 'megatron_gpt_config'
+    return family(arch).nxdt_example or 'megatron_gpt_config'
 
 # %% ../../nbs/api/58_nxdt_contract.ipynb #0959b1a5
 EXAMPLES = {

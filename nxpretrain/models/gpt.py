@@ -55,4 +55,5 @@ GPT_FAMILY = register_family(ModelFamily(
     tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
              'mlp.w1': 'colwise', 'mlp.w2': 'rowwise'},
     rope=False, hf_architecture='GPT2LMHeadModel', hf_tied_head='lm_head.weight', nxdt_source='megatron',
+    nxdt_example='megatron_gpt_config',
     tiny=('gpt3_tiny', ())))
