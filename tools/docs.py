@@ -177,7 +177,7 @@ def site_config(pages: dict[str, list[tuple[str, str]]], cfg: dict) -> dict:
             'repo_url': cfg.get('git_url', ''), 'docs_dir': 'src', 'use_directory_urls': False,
             'theme': {'name': 'material', 'font': False, 'features': ['navigation.sections', 'search.highlight']},
             'plugins': ['search', {'mkdocs-jupyter': {'include_source': True, 'execute': False, 'include': ['*.ipynb'],
-                                                      'include_requirejs': False, 'cache': True,
+                                                      'include_requirejs': False, 'no_prompt': True, 'cache': True,
                                                       'cache_dir': str(EXEC / 'mkdocs-jupyter')}}],
             'markdown_extensions': ['tables', 'admonition', 'pymdownx.superfences'], 'nav': nav}
 
@@ -206,6 +206,12 @@ STAGE_PARAMS = {'00_setup.ipynb': {'recipes': 'all'}, '01_data.ipynb': {'corpus'
                 '03_compile.ipynb': {'model': 'gpt3_tiny'}, '04_train.ipynb': {'model': 'gpt3_tiny', 'max_steps': 30,
                                    'overrides': 'trainer.log_every=5 trainer.eval_every=15 trainer.save_every=30'},
                 '05_monitor.ipynb': {'model': 'gpt3_tiny'}, '06_evaluate.ipynb': {'model': 'gpt3_tiny'}}
+
+# A second run of a stage, shown at the end of its page: {notebook: (heading, what it shows, parameters)}.
+STAGE_EXTRA = {'04_train.ipynb': ('The same stage for a cluster recipe',
+                                  'With `-p model gpt3_23b` and no cluster, the stage plans the job, writes it and stops: '
+                                  'the exact job it would submit (here an NxD Training job for 4 trn1 nodes).',
+                                  {'model': 'gpt3_23b'})}
 
 
 def package_key() -> str:
@@ -299,7 +305,7 @@ def execute_stages(sources: list[Path], log=print) -> dict[Path, Path]:
     (cached under _exec/stages-<key> by the notebooks', the package's and the parameters' content)."""
     stages = [s for s in sources if is_stage(s)]
     stages.sort(key=lambda s: list(STAGE_PARAMS).index(s.name))
-    key = content_key(package_key(), STAGE_PARAMS, *[s.read_bytes() for s in stages])
+    key = content_key(package_key(), STAGE_PARAMS, repr(STAGE_EXTRA), *[s.read_bytes() for s in stages])
     dest = EXEC / f'stages-{key}'
     if not (dest / 'done').exists():
         import papermill as pm
@@ -309,23 +315,37 @@ def execute_stages(sources: list[Path], log=print) -> dict[Path, Path]:
         work.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, NXPRETRAIN_HOME=str(work / 'home'), NXPRETRAIN_DATA=str(work / 'runs' / 'data'))
         env.pop('IN_TEST', None)
-        for src in stages:
-            t = time.perf_counter()
-            out = dest / src.name
-            saved = dict(os.environ)
+        def run(src: Path, out: Path, params: dict):
+            t, saved = time.perf_counter(), dict(os.environ)
             os.environ.clear(); os.environ.update(env)
             try:
-                pm.execute_notebook(str(src), str(out), parameters=STAGE_PARAMS[src.name], cwd=str(work),
-                                    kernel_name='python3', progress_bar=False, log_output=False,
-                                    kernel_manager_class=IPCKernelManager)
+                pm.execute_notebook(str(src), str(out), parameters=params, cwd=str(work), kernel_name='python3',
+                                    progress_bar=False, log_output=False, kernel_manager_class=IPCKernelManager)
             except Exception as e:
-                fail(f'{src.relative_to(ROOT)} failed under papermill with {STAGE_PARAMS[src.name]} '
-                     f'(its output: {out}):\n{str(e)[-3000:]}')
+                fail(f'{src.relative_to(ROOT)} failed under papermill with {params} (its output: {out}):\n{str(e)[-3000:]}')
             finally:
                 os.environ.clear(); os.environ.update(saved)
-            log(f'docs: executed {src.relative_to(ROOT)} in {time.perf_counter() - t:.1f} s')
+            log(f'docs: executed {src.relative_to(ROOT)} with {params} in {time.perf_counter() - t:.1f} s')
+        for src in stages:
+            run(src, dest / src.name, STAGE_PARAMS[src.name])
+            if src.name in STAGE_EXTRA:
+                title, said, params = STAGE_EXTRA[src.name]
+                run(src, dest / f'{src.stem}-extra.ipynb', params)
+                append_run(dest / src.name, dest / f'{src.stem}-extra.ipynb', title, said)
         (dest / 'done').write_text('')
     return {s: dest / s.name for s in stages}
+
+
+def append_run(page: Path, extra: Path, title: str, said: str) -> None:
+    "Append to executed notebook `page` the cells of `extra` (the same notebook run with other parameters) that show something."
+    nb, more = json.loads(page.read_text()), json.loads(extra.read_text())
+    tags = lambda c: c.get('metadata', {}).get('tags', [])
+    start = next((i for i, c in enumerate(more['cells']) if 'injected-parameters' in tags(c)), 0)
+    cells = [{**c, 'metadata': {}} for c in more['cells'][start + 1:] if c['cell_type'] == 'code' and c.get('outputs')]
+    head = {'cell_type': 'markdown', 'metadata': {}, 'source': f'## {title}\n\n{said}\n'}
+    for i, c in enumerate([head, *cells]): c['id'] = f'extra-{i}'
+    nb['cells'] += [head, *cells]
+    page.write_text(json.dumps(nb, indent=1))
 
 
 def is_stage(src: Path) -> bool: return src.parent == ROOT / 'nbs' and src.name in STAGE_PARAMS
