@@ -28,10 +28,13 @@ EXAMPLES = {
     'watch': ['nxpretrain watch JOB_ID --timeout 600'],
     'cancel': ['nxpretrain cancel JOB_ID --signal USR1', 'nxpretrain cancel JOB_ID'],
     'evaluate': ['nxpretrain evaluate runs/gpt3_tiny/checkpoints/step_50 --prompt "def "',
-                 'nxpretrain evaluate --json runs/gpt3_tiny/checkpoints/step_50 --steps 2'],
+                 'nxpretrain evaluate --json runs/gpt3_tiny/checkpoints/step_50 --steps 2',
+                 'nxpretrain evaluate runs/gpt3_tiny/checkpoints/step_50 --greedy --prompt "def "'],
     'export-hf': ['nxpretrain export-hf runs/gpt3_tiny/checkpoints/step_50 runs/hf/gpt3_tiny'],
     'import-hf': ['nxpretrain import-hf runs/hf/gpt3_tiny runs/gpt3_tiny_from_hf'],
     'demo': ['nxpretrain demo'],
+    'runs': ['nxpretrain runs', 'nxpretrain runs --json'],
+    'lab': ['nxpretrain lab', 'nxpretrain lab --port 8890 --dir . --no-start'],
 }
 
 # %% ../nbs/api/08_cli.ipynb #8f51ec24
@@ -142,15 +145,17 @@ def _watch(a):
 
 # %% ../nbs/api/08_cli.ipynb #cc650eae
 def _evaluate(a):
-    from nxpretrain.evaluate import perplexity, load_model, sample_text
+    from nxpretrain.evaluate import perplexity, load_model, generate, trainer_validation, evaluation_table
     from nxpretrain.data.tokenizers import get_tokenizer
-    out = dict(checkpoint=a.checkpoint, **perplexity(a.checkpoint, steps=a.steps))
+    out = dict(checkpoint=a.checkpoint, **perplexity(a.checkpoint, steps=a.steps), trainer=trainer_validation(a.checkpoint))
     if a.prompt:
         model, r = load_model(a.checkpoint)
-        out['sample'] = sample_text(model, get_tokenizer(r.data.tokenizer), a.prompt, a.max_new_tokens, greedy=False, top_k=50)
+        tok = get_tokenizer(r.data.tokenizer)
+        ids = generate(model, [tok.encode(a.prompt) or [0]], a.max_new_tokens, greedy=a.greedy, top_k=50, vocab_size=tok.vocab_size)[0]
+        out.update(sample=tok.decode(ids.tolist()), sample_tokens=ids.tolist())
     if a.json: return _print_json(out)
-    print(f"loss {out['loss']:.4f}  perplexity {out['perplexity']:.2f}  ({out['tokens']} validation tokens)")
-    if a.prompt: print(out['sample'])
+    print(evaluation_table(a.checkpoint, out, out['trainer']))
+    if a.prompt: print(f"\n{'greedy' if a.greedy else 'sampled (top 50)'}: {out['sample']}")
 
 def _export_hf(a):
     from nxpretrain.train.hf import export_hf
@@ -161,19 +166,49 @@ def _import_hf(a):
     print(import_hf(a.hf_dir, a.out)[0])
 
 def _demo(a):
-    import subprocess
+    from nxpretrain.runs import demo
+    sys.exit(demo(a.model, a.out, a.name, a.max_steps))
+
+def _runs(a):
     from pathlib import Path
-    nb = Path(__file__).resolve().parent.parent / 'nbs' / '04_train.ipynb'
-    if not nb.exists(): raise RecipeError(f"{nb}: the stage notebooks come with a source checkout; run from a clone of the repository")
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    cmd = ['papermill', str(nb), str(Path(a.out) / 'train.ipynb'), '-p', 'model', a.model, '-p', 'out_dir', a.out,
-           '--log-output', '--no-progress-bar', '-k', 'python3'] + (['-p', 'max_steps', str(a.max_steps)] if a.max_steps else [])
-    print(' '.join(cmd), flush=True)
-    sys.exit(subprocess.call(cmd))
+    from nxpretrain.runs import run_index
+    rows = run_index(a.out)
+    if a.json: return _print_json(rows)
+    if not rows: return print(f"no runs under {a.out}/ yet: nxpretrain demo starts one")
+    from nxpretrain.machine import Table
+    print(Table(['run', 'model', 'step', 'loss', 'last checkpoint', 'notebook'],
+                [[r['run'], r['model'], r['step'], f"{r['loss']:.3f}", Path(r['checkpoint']).name if r['checkpoint'] else '–',
+                  (r['notebooks'] or ['–'])[-1]] for r in rows]).text())
+    print(f"\nrun folders: {a.out}/RUN/ (checkpoints under checkpoints/); every field: nxpretrain runs --json")
+
+def _lab(a):
+    from nxpretrain.lab import lab
+    lab(a.port, a.dir, start=not a.no_start)
 
 # %% ../nbs/api/08_cli.ipynb #918fb0e1
+class _Parser(argparse.ArgumentParser):
+    "argparse, with its usage errors said in one line that names the command and where its help is."
+    def error(self, message):
+        print(f"{self.prog}: {message}; see {self.prog} --help", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+def _run_commands(cmd):
+    "The commands of runs on this machine: demo, runs, lab."
+    p = cmd('demo', _demo, 'train in a run folder of its own with the 04_train notebook (papermill; gpt3_tiny on this CPU)')
+    p.add_argument('--model', default='gpt3_tiny', help='catalog recipe name or a recipe .yaml (default: gpt3_tiny)')
+    p.add_argument('--out', default='runs', help='where run folders go (default: runs)')
+    p.add_argument('--name', default='', help='the run to start or take further (default: a new run, RECIPE-DATE-TIME)')
+    p.add_argument('--max-steps', type=int, default=0,
+                   help='train to this step; without --name it takes the newest run of the recipe further (default: the recipe)')
+    p = cmd('runs', _runs, 'the runs under runs/: step, loss, last checkpoint, executed notebooks', json=True)
+    p.add_argument('--out', default='runs', help='the folder of run folders (default: runs)')
+    p = cmd('lab', _lab, 'start JupyterLab on this (head) node: localhost only, with its token and the ssh line to reach it')
+    p.add_argument('--port', type=int, default=8888, help='first port to try on 127.0.0.1 (default 8888)')
+    p.add_argument('--dir', default='.', help='the folder JupyterLab shows (default: here, the clone)')
+    p.add_argument('--no-start', action='store_true', help='print the address, the ssh line and the command; start nothing')
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog='nxpretrain', description='From an empty Slurm cluster to LLM pretraining.',
+    ap = _Parser(prog='nxpretrain', description='From an empty Slurm cluster to LLM pretraining.',
                                  epilog='examples:\n' + '\n'.join(f"  {e}" for c in EXAMPLES for e in EXAMPLES[c][:1]),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest='command', required=True, metavar='COMMAND')
@@ -199,35 +234,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--recipes', default='all', help='comma-separated recipe names, or all')
     p.add_argument('--recipe', default='', metavar='NAME', help='everything one recipe needs and lacks here')
     p.add_argument('--data-dir', default=None, help='where prepared data lives (default: $NXPRETRAIN_DATA or runs/data)')
-    sub.add_parser('data', help='prepare a corpus into .bin/.idx (see `nxpretrain data --help`)', add_help=False)
+    sub.add_parser('data', help='prepare a corpus into .bin/.idx (see `nxpretrain data --help`)', add_help=False)   # its own parser
     p = cmd('compile', _compile, 'trn1: export and compile an NxD Training job; elsewhere a pre-flight dry run', model=True)
     p.add_argument('--cluster', default='', help='profile[:partition][@nodes]')
-    p.add_argument('--out', default='runs/compile')
+    p.add_argument('--out', default='runs/compile', help='where the exported job and compile logs go (default: runs/compile)')
     cmd('jobs', _jobs, 'the jobs of every scheduler that answers here (Slurm, this machine)', json=True)
     p = cmd('tail', _tail, 'the end of a job log')
-    p.add_argument('job_id')
+    p.add_argument('job_id', help='a job id from `nxpretrain jobs` (Slurm or this machine)')
     p.add_argument('-n', type=int, default=20, help='lines (default 20)')
     p = cmd('cancel', _cancel, 'cancel a job (or send it a signal)')
-    p.add_argument('job_id')
+    p.add_argument('job_id', help='a job id from `nxpretrain jobs`')
     p.add_argument('--signal', default=None, help='e.g. USR1 to checkpoint and requeue')
     p = cmd('watch', _watch, 'follow the progress of a job (a job id or a log file)')
-    p.add_argument('job_id')
+    p.add_argument('job_id', help='a job id from `nxpretrain jobs`, or a training log file')
     p.add_argument('--timeout', type=float, default=3600, help='seconds (default 3600)')
     p = cmd('evaluate', _evaluate, 'validation perplexity of a checkpoint, and a sample', json=True)
     p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/gpt3_tiny/checkpoints/step_300')
-    p.add_argument('--steps', type=int, default=10, help='validation batches (default 10)')
+    p.add_argument('--steps', type=int, default=None,
+                   help="validation batches (default: the recipe's trainer.eval_steps, as many as the trainer's own validation)")
     p.add_argument('--prompt', default='', help='also sample a continuation of this text')
-    p.add_argument('--max-new-tokens', type=int, default=40)
+    p.add_argument('--max-new-tokens', type=int, default=40, help='length of the sample in tokens (default 40)')
+    p.add_argument('--greedy', action='store_true', help="the most likely token each time (what transformers' generate gives) instead of top-50 sampling")
     p = cmd('export-hf', _export_hf, 'write a checkpoint as a Hugging Face folder (config.json + safetensors)')
-    p.add_argument('checkpoint')
-    p.add_argument('out')
+    p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/RUN/checkpoints/step_300')
+    p.add_argument('out', help='the Hugging Face folder to write (config, weights, tokenizer, generation config)')
     p = cmd('import-hf', _import_hf, 'turn a Hugging Face folder (safetensors) into an nxpretrain checkpoint')
-    p.add_argument('hf_dir')
-    p.add_argument('out')
-    p = cmd('demo', _demo, 'run the 04_train stage notebook with papermill (gpt3_tiny on this CPU)')
-    p.add_argument('--model', default='gpt3_tiny')
-    p.add_argument('--out', default='runs')
-    p.add_argument('--max-steps', type=int, default=0, help='shortcut for trainer.max_steps (default: the recipe)')
+    p.add_argument('hf_dir', help='a Hugging Face model folder with config.json and safetensors weights')
+    p.add_argument('out', help='the nxpretrain checkpoint folder to write')
+    _run_commands(cmd)
     return ap
 
 # %% ../nbs/api/08_cli.ipynb #155d1d56
@@ -246,7 +280,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ['data']:                       # the data stage has its own arguments: one parser, in nxpretrain.data.prepare
         from nxpretrain.data.prepare import main as data_main
-        return data_main(argv[1:])
+        return data_main(argv[1:], prog='nxpretrain data', parser=_Parser)
     a = parse_args(argv)
     try: return a.fn(a)
     except NxpError as e:

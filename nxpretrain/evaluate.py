@@ -9,7 +9,7 @@ from pathlib import Path
 from .recipes import Recipe
 
 # %% auto #0
-__all__ = ['load_model', 'perplexity', 'generate', 'sample_text']
+__all__ = ['load_model', 'perplexity', 'trainer_validation', 'evaluation_table', 'generate', 'sample_text']
 
 # %% ../nbs/api/61_evaluate.ipynb #0046c7d8
 def load_model(checkpoint, recipe: Recipe | None = None):
@@ -24,20 +24,47 @@ def load_model(checkpoint, recipe: Recipe | None = None):
     return model.eval(), r
 
 # %% ../nbs/api/61_evaluate.ipynb #78ac00fc
-def perplexity(checkpoint, steps: int = 10, recipe: Recipe | None = None, dataset=None) -> dict:
-    "{'loss', 'perplexity', 'tokens'} of a checkpoint on its recipe's validation split (or `dataset`)."
+def perplexity(checkpoint, steps: int | None = None, recipe: Recipe | None = None, dataset=None) -> dict:
+    "{'loss', 'perplexity', 'batches', 'sequences', 'tokens'} of a checkpoint on its recipe's validation split (or `dataset`)."
     from dataclasses import replace
+    from nxpretrain.errors import DataError
     from nxpretrain.recipes import ParallelConfig
     from nxpretrain.parallel.state import parallel_session
     from nxpretrain.parallel.engine import parallelize
     from nxpretrain.train.trainer import evaluate_loss, build_datasets
     model, r = load_model(checkpoint, recipe)
+    steps = steps or max(r.trainer.eval_steps, 1)
     ds = dataset if dataset is not None else build_datasets(r, r.data.global_batch)[1]
-    if ds is None: raise ValueError(f"{checkpoint}: the recipe's data split {r.data.split!r} has no validation part; pass dataset=")
+    if ds is None: raise DataError(f"{checkpoint}: the recipe's data split {r.data.split!r} has no validation part; pass dataset=")
     alone = replace(r, parallel=ParallelConfig(precision='fp32'))   # one process, fp32
     with parallel_session(alone, 'cpu') as state:
-        out = evaluate_loss(parallelize(model, alone, state), ds, steps * r.data.micro_batch)
-    return dict(out, tokens=steps * r.data.micro_batch * r.model.seq_len)
+        out = evaluate_loss(parallelize(model, alone, state), ds, steps * r.data.global_batch)
+    n = steps * r.data.global_batch
+    return dict(out, batches=steps, sequences=n, tokens=n * r.model.seq_len)
+
+# %% ../nbs/api/61_evaluate.ipynb #1559378d
+def trainer_validation(checkpoint) -> dict | None:
+    "{'step', 'loss', 'perplexity', 'batches'} the trainer logged at the checkpoint's step, or None."
+    import re
+    from nxpretrain.train.checkpoint import checkpoint_step
+    from nxpretrain.train.hf import checkpoint_recipe
+    step, log = checkpoint_step(checkpoint), Path(checkpoint).parent.parent / 'train.log'
+    if step is None or not log.exists(): return None
+    found = re.findall(rf'step {step} \| validation loss ([\d.]+) \| perplexity ([\d.]+)', log.read_text())
+    if not found: return None
+    return dict(step=step, loss=float(found[-1][0]), perplexity=float(found[-1][1]),
+                batches=checkpoint_recipe(checkpoint).trainer.eval_steps)
+
+# %% ../nbs/api/61_evaluate.ipynb #6590b9e4
+def evaluation_table(checkpoint, ev: dict, seen: dict | None = None) -> str:
+    "The evaluation `ev` of `checkpoint` (and the trainer's figure `seen`) as a table."
+    from nxpretrain.machine import Table
+    rows = [['checkpoint', str(checkpoint)], ['loss', f"{ev['loss']:.4f}"], ['perplexity', f"{ev['perplexity']:.2f}"],
+            ['batches', f"{ev['batches']} validation batches ({ev['sequences']} sequences, {ev['tokens']:,} tokens)"]]
+    if seen:
+        same = 'same batches' if seen['batches'] == ev['batches'] else f"{seen['batches']} batches: a different sample"
+        rows.append(["trainer's", f"loss {seen['loss']:.4f}, perplexity {seen['perplexity']:.2f} at step {seen['step']} ({same})"])
+    return Table(['evaluation', ''], rows).text()
 
 # %% ../nbs/api/61_evaluate.ipynb #0a47dfbe
 def generate(model, tokens, max_new_tokens: int = 32, greedy: bool = True, top_k: int | None = 50, temperature: float = 1.0,

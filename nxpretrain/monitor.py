@@ -59,13 +59,9 @@ def plot_run(run_dir, figsize=(13, 3.4)):
 
 # %% ../nbs/api/60_monitor.ipynb #f90ff12d
 def runs(out_dir='runs') -> 'pd.DataFrame':
-    "Table of the training runs under `out_dir`."
+    "Table of the training runs under `out_dir` (`nxpretrain.runs.run_index`, the index `nxpretrain runs` prints)."
     import pandas as pd
-    from nxpretrain.train.checkpoint import latest_checkpoint
-    rows = []
-    for d in sorted(p for p in Path(out_dir).iterdir() if (p / 'steps.jsonl').exists() or (p / 'tb').is_dir()) if Path(out_dir).is_dir() else []:
-        st = steps(d); ck = latest_checkpoint(d / 'checkpoints', deep=False, log=lambda m: None)
-        ex = json.loads((d / 'exit_status.json').read_text()) if (d / 'exit_status.json').exists() else {}
-        rows.append(dict(run=d.name, step=int(st.index[-1]) if len(st) else 0, loss=float(st['loss'].iloc[-1]) if len(st) else float('nan'),
-                         checkpoint=ck.name if ck else '', exit_code=ex.get('code'), stopped=ex.get('stopped', '')))
-    return pd.DataFrame(rows, columns=['run', 'step', 'loss', 'checkpoint', 'exit_code', 'stopped'])
+    from nxpretrain.runs import run_index
+    rows = [dict(r, checkpoint=Path(r['checkpoint']).name if r['checkpoint'] else '', notebook=(r['notebooks'] or [''])[-1])
+            for r in run_index(out_dir)]
+    return pd.DataFrame(rows, columns=['run', 'model', 'step', 'loss', 'checkpoint', 'notebook', 'exit_code', 'stopped'])

@@ -68,6 +68,7 @@ class ParallelConfig:
     activation_checkpointing: Literal['none', 'full', 'selective'] = 'none'
     checkpoint_modules: list[RecomputeKind] = field(default_factory=list)  # for selective, e.g. [attention, mlp]
     precision: Literal['bf16', 'fp32'] = 'bf16'   # bf16: mixed, fp32 master weights
+    loss_chunk: int = 0                  # tokens per cross-entropy chunk: logits never whole (large vocabularies); 0 = off
 
 # %% ../nbs/api/00_recipes.ipynb #85b5558b
 @dataclass
@@ -308,6 +309,7 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
         out.append(f"model.seq_len={m.seq_len} is not divisible by 2×parallel.cp={2 * p.cp}: load-balanced ring attention cuts the sequence into 2·CP chunks")
     if p.sequence_parallel and p.tp == 1: out.append("parallel.sequence_parallel=true needs parallel.tp > 1: set it false or raise tp")
     if p.zero1 and p.fsdp: out.append("parallel.zero1 and parallel.fsdp are both set: FSDP already shards optimizer state; keep one")
+    if p.loss_chunk < 0: out.append(f"parallel.loss_chunk={p.loss_chunk}: give tokens per loss chunk (e.g. 1024), or 0 for the whole micro-batch")
     if p.activation_checkpointing == 'selective' and not p.checkpoint_modules:
         out.append("parallel.activation_checkpointing=selective needs parallel.checkpoint_modules, e.g. [attention, mlp]")
     try: out += family(m.arch).problems(recipe)   # what the model family supports and needs

@@ -178,6 +178,62 @@ def test_no_slurm_conf_at_all_is_one_line_of_ours(workdir, monkeypatch):
     assert line.endswith("set SLURM_CONF to the cluster's slurm.conf"), line
 
 
+# ---- every subcommand, given bad input ------------------------------------------------------------------------
+
+BAD_INPUT = {   # subcommand: [(argv, words the one line must hold)]
+    'recipes': [(['recipes', '--bogus'], 'unrecognized arguments: --bogus; see nxpretrain recipes --help')],
+    'show': [(['show', 'nosuch'], "model 'nosuch': no such recipe; choose one of gpt3_tiny")],
+    'plan': [(['plan', 'gpt3_tiny', '--world', 'many'], "argument --world: invalid int value: 'many'")],
+    'train': [(['train', 'nosuch.yaml'], 'nosuch.yaml'), (['train', 'gpt3_tiny', 'optim.lrr=1'], 'did you mean optim.lr?')],
+    'setup': [(['setup', '--recipe', 'nosuch'], "model 'nosuch': no such recipe")],
+    'data': [(['data', 'nosuch.jsonl'], "corpus 'nosuch.jsonl': not in the catalog"),
+             (['data', 'demo', '--workers', 'x'], "argument --workers: invalid int value: 'x'; see nxpretrain data --help")],
+    'compile': [(['compile', 'nosuch'], "model 'nosuch': no such recipe")],
+    'jobs': [(['jobs', '--bogus'], 'unrecognized arguments: --bogus')],
+    'tail': [(['tail', 'abc'], 'job abc: no job of that id was submitted from here'),
+             (['tail', '12', '-n', 'x'], "argument -n: invalid int value: 'x'")],
+    'watch': [(['watch', '12'], 'job 12: no job of that id was submitted from here')],
+    'cancel': [(['cancel', 'x1'], 'job x1: no job of that id was submitted from here')],
+    'evaluate': [(['evaluate', 'runs/nosuch'], 'runs/nosuch: no such checkpoint folder')],
+    'export-hf': [(['export-hf', 'runs/nosuch', 'hf'], 'runs/nosuch: no such checkpoint folder')],
+    'import-hf': [(['import-hf', 'nosuch', 'out'], 'nosuch: no config.json; give a Hugging Face model folder')],
+    'demo': [(['demo', '--model', 'nosuch'], "model 'nosuch': no such recipe"),
+             (['demo', '--name', '../up'], "run name '../up': use letters")],
+    'runs': [(['runs', '--bogus'], 'unrecognized arguments: --bogus')],
+    'lab': [(['lab', '--dir', 'nosuch'], 'nosuch: no such folder; give --dir')],
+}
+
+
+def subcommands() -> dict:
+    from nxpretrain.cli import _parser
+    import argparse
+    return next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_bad_input_covers_every_subcommand():
+    assert set(BAD_INPUT) == set(subcommands()), set(subcommands()) ^ set(BAD_INPUT)
+
+
+@pytest.mark.parametrize('argv,words', [c for cases in BAD_INPUT.values() for c in cases], ids=lambda v: ' '.join(v) if isinstance(v, list) else None)
+def test_bad_input_is_one_line_naming_the_fix(argv, words, workdir, no_slurm):
+    "Exit status 2, one stderr line that starts with the command and holds what was wrong; no traceback, nothing written."
+    rc, out, err = run(*argv)
+    assert 'Traceback' not in err + out, err
+    line = one_line_error(*argv)
+    assert line.startswith(f"nxpretrain {argv[0]}: ") and words in line, line
+    assert not (workdir / 'runs').exists() or argv[0] == 'jobs', list((workdir / 'runs').rglob('*'))
+
+
+def test_every_option_has_help_and_data_names_itself():
+    import argparse
+    for name, p in subcommands().items():
+        if name == 'data': continue
+        for act in p._actions:
+            assert act.help or isinstance(act, argparse._HelpAction), (name, act.dest)
+    text = ok('data', '--help')
+    assert text.startswith('usage: nxpretrain data') and re.search(r'--workers WORKERS\s+tokenizer processes', text), text
+
+
 # ---- what people read ----------------------------------------------------------------------------------------
 
 def test_setup_fits_100_columns_one_line_per_recipe(workdir):
@@ -245,7 +301,7 @@ def test_help_shows_the_examples_and_the_readme_shows_commands():
 
 
 ORDER = ['--help', 'recipes', 'show', 'plan', 'setup', 'data', 'train', 'evaluate', 'export-hf', 'import-hf', 'compile',
-         'jobs', 'tail', 'watch', 'cancel', 'demo']
+         'jobs', 'tail', 'watch', 'cancel', 'demo', 'runs', 'lab']
 
 
 def cheap(words: list[str], job_id: str) -> list[str]:
@@ -254,6 +310,7 @@ def cheap(words: list[str], job_id: str) -> list[str]:
     for opt, value in (('--max-steps', '2'), ('--timeout', '1'), ('--steps', '1')):
         if opt in w: w[w.index(opt) + 1] = value
     if w[0] in ('train', 'demo') and '--max-steps' not in w and '--dry-run' not in w: w += ['--max-steps', '2']
+    if w[0] == 'lab' and '--no-start' not in w: w += ['--no-start']               # the server itself: tests/test_lab.py
     if 'parallel.tp=2' in w and w[0] == 'train': w[w.index('--max-steps') + 1] = '1'   # two processes: one step shows it
     if w[0] == 'evaluate' and '--steps' not in w: w += ['--steps', '1', '--max-new-tokens', '8']
     return w
@@ -308,7 +365,7 @@ def test_every_documented_example_runs(workdir, monkeypatch):
         else: ok(*argv)
         print(f"{time.time() - t0:6.1f} s  {shlex.join(argv)}")
     assert (workdir / 'runs/gpt3_tiny/checkpoints/step_2').is_dir() and (workdir / 'runs/hf/gpt3_tiny/config.json').exists()
-    assert (workdir / 'runs/gpt3_tiny_from_hf').is_dir() and (workdir / 'runs/train.ipynb').exists()
+    assert (workdir / 'runs/gpt3_tiny_from_hf').is_dir() and list(workdir.glob('runs/gpt3_tiny-*/train.ipynb'))
     # A real controller, its nodes without slurmd: sbatch --test-only answers, submitted jobs queue and none runs.
     job_id = ''
     with local_slurm() as slurm:

@@ -71,9 +71,9 @@ def test_surrogate_line_strict_is_one_line_error(tmp_path, toks):
     src.write_bytes(b'{"text": "good one"}\n{"text": "bad \\ud800 surrogate"}\n{"text": "good two"}\n')
     r = _cli(src, '--tokenizer', Path(toks['gpt2'][5:]).parent / 'tok.json', '--output', 'out', '--workers', '2', '--strict',
              '--no-progress', cwd=tmp_path)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        f'error: {src}:byte 21: "text" is not encodable text: lone surrogate U+D800 at character 4 (an unpaired \\u escape) '
+        f'nxpretrain data: {src}:byte 21: "text" is not encodable text: lone surrogate U+D800 at character 4 (an unpaired \\u escape) '
         '(strict mode; fix the line or run without strict to skip bad lines)']
     assert not list((tmp_path / 'out').rglob('*.idx'))
 

@@ -34,6 +34,15 @@ def test_bert_layout_equals_single_process(name, world, overrides):
     "BERT (MLM + NSP, padding mask, segment types): TP without SP, and data parallel; PP and CP do not apply to it here."
     assert_equal_to_reference(run('bert', world, overrides))
 
+@pytest.mark.parametrize('arch,world,overrides', [('llama', 2, ('parallel.tp=2', SP)), ('bert', 2, ('parallel.tp=2',)),
+                                                  ('gpt', 4, ('parallel.pp=2', 'parallel.fsdp=true'))],
+                         ids=['llama_tp2_sp', 'bert_tp2', 'gpt_pp2_fsdp_dp2'])
+def test_chunked_loss_equals_plain_loss(arch, world, overrides):
+    "parallel.loss_chunk: logits 5 tokens at a time (uneven chunks) against the plain single-process loss."
+    res = run(arch, world, (*overrides, 'parallel.loss_chunk=5'))
+    assert_equal_to_reference(res)
+    assert max(r['loss_err'] for r in res) <= 1e-6
+
 def test_gqa_tp_beyond_kv_heads_with_kv_replication():
     "Llama with 2 kv heads on TP 4: K/V heads replicated twice (NxD kv_size_multiplier), replica grads summed."
     assert_equal_to_reference(run('llama', 4, ('parallel.tp=4', 'parallel.kv_replicator=2', SP)))

@@ -369,16 +369,23 @@ def ensure_dataset(data_cfg, # a recipes.DataConfig
     return prefix
 
 # %% ../../nbs/api/14_prepare.ipynb #2dcb419f
-def main(argv=None):
-    "Command-line entry point: prepare a corpus (one stage share per Slurm array task)."
+def main(argv=None, prog: str = 'python -m nxpretrain.data.prepare', parser=None):
+    "Command-line entry point: prepare a corpus (one stage share per Slurm array task); a bad input is one line, exit 2."
     import argparse
-    ap = argparse.ArgumentParser(prog='python -m nxpretrain.data.prepare', description=prepare.__doc__)
-    ap.add_argument('corpus'); ap.add_argument('--tokenizer'); ap.add_argument('--output', default='runs/data')
-    ap.add_argument('--workers', type=int, default=max(1, os.cpu_count() or 1)); ap.add_argument('--stages', default='all')
-    ap.add_argument('--base-url'); ap.add_argument('--strict', action='store_true'); ap.add_argument('--no-progress', action='store_true')
+    ap = (parser or argparse.ArgumentParser)(prog=prog, description=prepare.__doc__)   # the CLI's: usage errors in one line
+    ap.add_argument('corpus', help=f"a catalog corpus ({', '.join(CORPORA)}), a .jsonl/.jsonl.zst file or a .bin/.idx prefix")
+    ap.add_argument('--tokenizer', help="tokenizer: demo, gpt2, llama3, a tokenizer.json, a .model or a vocab.txt path (default: the corpus recipe's)")
+    ap.add_argument('--output', default='runs/data', help='root folder of prepared corpora (default: runs/data)')
+    ap.add_argument('--workers', type=int, default=max(1, os.cpu_count() or 1), help='tokenizer processes (default: the CPUs here)')
+    ap.add_argument('--stages', default='all', help=f"comma-separated subset of {','.join(STAGES)} (default: all)")
+    ap.add_argument('--base-url', help="a mirror to download from instead of the recipe's address")
+    ap.add_argument('--strict', action='store_true', help='stop at the first bad line instead of skipping and reporting it')
+    ap.add_argument('--no-progress', action='store_true', help='no progress bars (logs of batch jobs)')
     a = ap.parse_args(argv)
     try: out = prepare(a.corpus, a.tokenizer, a.output, a.workers, a.stages, base_url=a.base_url, strict=a.strict, progress=not a.no_progress)
-    except DataError as e: raise SystemExit(f'error: {e}')
+    except DataError as e:
+        print(f'{prog}: {e}', file=sys.stderr)
+        raise SystemExit(2)
     print('\n'.join(out))
 
 # %% ../../nbs/api/14_prepare.ipynb #a7784c25

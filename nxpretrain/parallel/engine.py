@@ -7,7 +7,7 @@ initialise only its own shards; `ParallelModel` runs the step. One process is a 
 from __future__ import annotations
 import contextlib, copy, math
 import torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 from ..recipes import Recipe, RecipeError, validate, padded_vocab
 from ..models import build_model
@@ -15,7 +15,7 @@ from ..families import family
 from .state import ParallelState, get_state
 from .ring import cp_shard
 from .zero import all_reduce_grads, Zero1Optimizer, local
-from .loss import IGNORE_INDEX, LossCounts, StepLoss, token_loss_sum, local_value
+from .loss import IGNORE_INDEX, LossCounts, StepLoss, ChunkedHead, lm_loss_sum, local_value
 from .pipeline import pipeline_stages, split_stage, build_schedule, forward_only
 from .tensor import replicate_kv_heads, kv_replicated_params, sum_kv_replica_grads, apply_tp
 from .context import use_ring_attention, add_positions_hook
@@ -176,7 +176,8 @@ class ParallelModel:
         for i in range(tokens.shape[0] // mb):
             sl = slice(i * mb, (i + 1) * mb)
             out = self.parts[0](tokens[sl], **{k: v[sl] for k, v in inputs.items()})
-            sums[0] += local_value(token_loss_sum(out[0] if isinstance(out, tuple) else out, labels[sl], self.ignore_index))
+            lm = out[0] if isinstance(out, tuple) else out
+            sums[0] += local_value(lm_loss_sum(lm, labels[sl], self.ignore_index, self.loss.head))
             if nsp_labels is None: continue
             nsp = out[1].full_tensor() if isinstance(out[1], DTensor) else out[1]
             sums[2] += F.cross_entropy(nsp.float(), nsp_labels[sl], reduction='sum').double()
@@ -297,6 +298,8 @@ def _apply_layout(part: nn.Module, stage: int, recipe: Recipe, state: ParallelSt
     if p.cp > 1: use_ring_attention(part, state.group('cp'))
     add_positions_hook(part, p.cp, state.rank('cp'), p.tp if (sp and stage > 0) else 1)
     if p.tp > 1: apply_tp(part, state.mesh['tp'], sp, recipe.model.tie_embeddings, family(recipe.model.arch).tp_plan)
+    if p.loss_chunk and getattr(part, 'output', None) is not None:   # the loss computes the logits, chunk by chunk
+        part.output = ChunkedHead(part.output, p.loss_chunk, Shard(1) if sp else Replicate())
     apply_activation_checkpointing(part, p.activation_checkpointing, p.checkpoint_modules)
     if p.fsdp and state.dp * state.cp > 1: apply_fsdp(part, state.sub('dp', 'cp'), p.precision)
 
@@ -309,6 +312,7 @@ def parallelize(model: nn.Module, recipe: Recipe, state: ParallelState | None = 
     parts, ids, n_stages = _split(model, recipe, state)
     for stage, part in zip(ids, parts): _apply_layout(part, stage, recipe, state)
     pm = ParallelModel(parts, recipe, state, ids, n_stages)
+    pm.loss.head = next((m.output for m in parts if isinstance(getattr(m, 'output', None), ChunkedHead)), None)
     if pm.tied_across_stages:
         shards = p.tp * (state.dp * state.cp if pm.fsdp else 1)
         pm.tied_local_shape = (model.tok_embeddings.weight.shape[0] // shards, cfg.hidden)

@@ -6,11 +6,14 @@
 from __future__ import annotations
 from dataclasses import dataclass
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
+from torch.utils.checkpoint import checkpoint
 
 # %% auto #0
-__all__ = ['IGNORE_INDEX', 'token_loss_sum', 'LossCounts', 'pretraining_loss', 'StepLoss', 'local_value']
+__all__ = ['IGNORE_INDEX', 'token_loss_sum', 'LossCounts', 'ChunkedHead', 'lm_loss_sum', 'pretraining_loss', 'StepLoss',
+           'local_value']
 
 # %% ../../nbs/api/34a_loss.ipynb #a979ee73
 IGNORE_INDEX = -100
@@ -30,26 +33,65 @@ class LossCounts:
     tokens: float = 1.0
     sequences: float = 1.0
 
+# %% ../../nbs/api/34a_loss.ipynb #9d901a48
+def _chunk_loss_sum(h, weight, bias, labels, ignore_index: int):
+    return token_loss_sum(F.linear(h, weight, bias)[None], labels[None], ignore_index)
+
+class ChunkedHead(nn.Module):
+    """An output head whose logits only the loss computes, `chunk` tokens at a time; holds `head`'s weight and bias.
+    `input_layout`: the placement of the hidden states on the TP mesh when the weight is a vocabulary-sharded DTensor
+    (`Shard(1)` under sequence parallelism, else `Replicate()`)."""
+    def __init__(self, head: nn.Linear, chunk: int, input_layout=None):
+        super().__init__()
+        self.weight, self.bias = head.weight, head.bias
+        self.chunk, self.input_layout = chunk, input_layout or Replicate()
+
+    def forward(self, h): return h
+
+    def _replicated(self, h):
+        "The hidden states as the TP head needs them: a replicated DTensor (under sequence parallelism, all-gathered)."
+        if not isinstance(self.weight, DTensor): return h
+        if not isinstance(h, DTensor):
+            h = DTensor.from_local(h, self.weight.device_mesh, [self.input_layout], run_check=False)
+        return h.redistribute(self.weight.device_mesh, [Replicate()])
+
+    def loss_sum(self, h, labels, ignore_index: int = IGNORE_INDEX):
+        "`token_loss_sum` of the logits of hidden states `h` (B, S, H), computed and differentiated a chunk at a time."
+        h, labels = self._replicated(h).flatten(0, 1), labels.flatten()
+        total = 0
+        for i in range(0, labels.numel(), self.chunk):
+            j = i + self.chunk
+            total = total + checkpoint(_chunk_loss_sum, h[i:j], self.weight, self.bias, labels[i:j], ignore_index,
+                                       use_reentrant=False)
+        return total
+
 # %% ../../nbs/api/34a_loss.ipynb #e60f327f
-def pretraining_loss(out, labels, counts: LossCounts, nsp_labels=None, ignore_index: int = IGNORE_INDEX):
+def lm_loss_sum(out, labels, ignore_index: int = IGNORE_INDEX, head: ChunkedHead | None = None):
+    "`token_loss_sum` of the model output `out`: logits, or with a `ChunkedHead` the hidden states that it turns into logits."
+    return token_loss_sum(out, labels, ignore_index) if head is None else head.loss_sum(out, labels, ignore_index)
+
+def pretraining_loss(out, labels, counts: LossCounts, nsp_labels=None, ignore_index: int = IGNORE_INDEX,
+                     head: ChunkedHead | None = None):
     """This micro-batch's share of the step's loss: LM cross-entropy summed over non-ignored tokens ÷ `counts.tokens`;
-    for BERT's (MLM, NSP) outputs plus the NSP cross-entropy ÷ `counts.sequences`."""
+    for BERT's (MLM, NSP) outputs plus the NSP cross-entropy ÷ `counts.sequences`. With a chunked `head`, `out` holds
+    hidden states where it would hold the LM logits."""
     if not isinstance(out, tuple):
-        return token_loss_sum(out, labels, ignore_index) / counts.tokens
+        return lm_loss_sum(out, labels, ignore_index, head) / counts.tokens
     mlm, nsp = out
     nsp = nsp.full_tensor() if isinstance(nsp, DTensor) else nsp
     nsp_loss = F.cross_entropy(nsp.float(), nsp_labels, reduction='sum')
-    return token_loss_sum(mlm, labels, ignore_index) / counts.tokens + nsp_loss / counts.sequences
+    return lm_loss_sum(mlm, labels, ignore_index, head) / counts.tokens + nsp_loss / counts.sequences
 
 # %% ../../nbs/api/34a_loss.ipynb #b0a43dd4
 class StepLoss:
     "The loss function of a pipeline schedule: `pretraining_loss` with this step's `counts`."
-    def __init__(self, ignore_index: int = IGNORE_INDEX):
+    def __init__(self, ignore_index: int = IGNORE_INDEX, head: ChunkedHead | None = None):
         self.counts = LossCounts()
         self.ignore_index = ignore_index
+        self.head = head   # the model's ChunkedHead when the loss computes the logits
 
     def __call__(self, out, labels, nsp_labels=None):
-        return pretraining_loss(out, labels, self.counts, nsp_labels, self.ignore_index)
+        return pretraining_loss(out, labels, self.counts, nsp_labels, self.ignore_index, self.head)
 
 def local_value(loss) -> torch.Tensor:
     "A loss as a detached float64 plain tensor (a DTensor's local value)."

@@ -334,11 +334,12 @@ def find(self: Checkpointer, path=None) -> Path | None:
     return Path(chosen) if chosen else None
 
 @patch
-def load(self: Checkpointer, state: dict, path=None, rng: bool = True) -> dict | None:
-    "Load DCP `state` in place; return the trainer JSON state (None: nothing to resume)."
+def load(self: Checkpointer, state: dict, path=None, rng: bool = True, verified: bool = False) -> dict | None:
+    "Load DCP `state` in place; return the trainer JSON state (None: nothing to resume). `verified`: `path` came from `find`."
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import load_file
-    if (d := self.find(path)) is None: return None
+    d = Path(path) if verified and path is not None else self.find(path)
+    if d is None: return None
     with quiet_dcp(): dcp.load(state, storage_reader=safe_reader(d), no_dist=_dist() is None)
     if rng and (f := d / f'rng_rank{rank()}.safetensors').exists(): set_rng_state(load_file(str(f)))
     self.log(f"resumed from {d}")

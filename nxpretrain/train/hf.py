@@ -10,7 +10,7 @@ from ..recipes import Recipe, ModelConfig, RecipeError, from_dict, padded_vocab
 
 # %% auto #0
 __all__ = ['open_hf_folder', 'read_hf_folder', 'hf_model_config', 'import_hf', 'checkpoint_recipe', 'checkpoint_tensors',
-           'export_hf']
+           'export_hf', 'write_hf_tokenizer']
 
 # %% ../../nbs/api/45_hf.ipynb #93be9cb1
 def open_hf_folder(path) -> tuple[dict, dict, callable]:
@@ -124,4 +124,26 @@ def export_hf(checkpoint, out, recipe: Recipe | None = None, dtype=None, max_sha
     if dtype is not None: hf_cfg.torch_dtype = str(dtype).removeprefix('torch.')
     hf_cfg.to_json_file(str(out / 'config.json'))
     _write_safetensors(tensors, out, int(max_shard_gb * 2**30))
+    if r.data.corpus != 'synthetic': write_hf_tokenizer(r, out)   # a synthetic stream has no text, so no tokenizer
     return out
+
+# %% ../../nbs/api/45_hf.ipynb #9cf68f1c
+def _json(path: Path, obj): path.write_text(json.dumps(obj, indent=2) + '\n')
+
+def write_hf_tokenizer(r: Recipe, out, data_root: str = 'runs/data') -> list[str]:
+    "Write recipe `r`'s tokenizer and generation defaults into the HF folder `out`; the file names written."
+    import shutil
+    from nxpretrain.data.tokenizers import get_tokenizer, HFTokenizer
+    tok, out = get_tokenizer(r.data.tokenizer, data_root), Path(out)
+    if isinstance(tok, HFTokenizer):
+        tok.tok.save(str(out / 'tokenizer.json'))
+        eod = tok.tok.id_to_token(tok.eod_id)
+        special = dict(bos_token=eod, eos_token=eod, unk_token=eod)
+        _json(out / 'tokenizer_config.json', dict(tokenizer_class='PreTrainedTokenizerFast', model_max_length=r.model.seq_len,
+                                                 clean_up_tokenization_spaces=False, **special))
+        _json(out / 'special_tokens_map.json', special)
+    else: shutil.copy(tok.name, out / 'tokenizer.model')
+    unused = list(range(tok.vocab_size, r.model.vocab_size))     # ids the model has and the tokenizer never makes
+    _json(out / 'generation_config.json', dict(bos_token_id=tok.eod_id, eos_token_id=tok.eod_id, pad_token_id=tok.eod_id,
+                                               do_sample=False, max_length=r.model.seq_len, **({'suppress_tokens': unused} if unused else {})))
+    return sorted(p.name for p in out.iterdir() if 'token' in p.name or p.name.startswith('generation'))

@@ -208,10 +208,13 @@ def _start(recipe: Recipe, run_dir: Path, st, log, resume_from, weights_only, as
         if not resume_from: raise RecipeError("weights_only=True needs resume_from=<checkpoint folder>")
         src = load_weights(model.module, resume_from)
         log(f"initialising weights from {src} (weights only: fresh optimizer, schedule and data position)")
-    elif tr.resume or resume_from:
+    elif (tr.resume or resume_from) and (found := ck.find(resume_from)) is not None:
+        # Only with a checkpoint to load: the optimizer's state dict is made by a zero step (torch's
+        # _init_optim_state), which would start a fresh run's AdamW bias correction at step 2 (first update 0.74·lr).
         states = TrainingStateDict(model.module, optimizer)
         state = states.state_dict()
-        if (resumed := ck.load(state, path=resume_from)) is not None: states.load_state_dict(state)
+        resumed = ck.load(state, path=found, verified=True)
+        states.load_state_dict(state)
     return model, optimizer, ck, resumed
 
 # %% ../../nbs/api/43_trainer.ipynb #994612c9
@@ -223,6 +226,7 @@ class Trainer:
         self.max_steps = max_steps or recipe.trainer.max_steps
         self.run_dir = Path(out_dir or recipe.trainer.out_dir) / recipe.name
         self.resume_from, self.weights_only, self.async_save, self.progress = resume_from, weights_only, async_save, progress
+        self.t_entry = time.perf_counter()   # `run` restarts it; `start` alone (a notebook, a test) counts from here
 
     def start(self, state):
         "Run folder, model, optimizer, checkpointer, resume and data on the mesh `state`: all before the first step."
@@ -383,6 +387,10 @@ class Trainer:
         if self.steps_log: self.steps_log.close()
         res, tokens_per_step = self.result, self.recipe.data.global_batch * self.recipe.model.seq_len
         res.final_step = self.state.step
+        if res.last_checkpoint is None:              # nothing saved in this call (already at max_steps): the newest on disk
+            from nxpretrain.train.checkpoint import latest_checkpoint
+            ck = latest_checkpoint(self.run_dir / 'checkpoints', deep=False, log=lambda m: None)
+            res.last_checkpoint = str(ck) if ck else None
         res.tokens_per_s = len(res.steps) * tokens_per_step / self.step_time if self.step_time else 0.0
         self.log(f"done at step {res.final_step} ({res.stopped}); {res.tokens_per_s:.0f} tokens/s; last checkpoint "
                  f"{res.last_checkpoint}")
