@@ -166,7 +166,9 @@ def _engine_activations(r: Recipe, dp: int) -> float:
     V = padded_vocab(m, p.tp)
     # the loss's peak: the logits, fp32 log-softmax, and in backward two fp32 gradients of the logits
     e = 2 if p.precision == 'bf16' else 4
-    loss = (e + 3 * 4) * m.seq_len / p.cp * d.micro_batch * V / p.tp if p.pp == 1 else 0
+    tokens = m.seq_len / p.cp * d.micro_batch
+    if p.loss_chunk: tokens = min(tokens, p.loss_chunk)   # the chunked loss holds one chunk's logits at a time
+    loss = (e + 3 * 4) * tokens * V / p.tp if p.pp == 1 else 0
     casts = 2 * rank_parameters(r)[0] if p.precision == 'bf16' else 0   # autocast's bf16 weight copies, kept for backward
     # under TP the vocabulary-parallel embedding's backward builds the whole (vocab × hidden) gradient before slicing it
     embedding = 4 * V * m.hidden if p.tp > 1 else 0
