@@ -141,6 +141,9 @@ def _cancel(a):
 
 def _watch(a):
     from nxpretrain.launch.watch import watch
+    if a.nodes:                                    # each node's CPU, memory and accelerators, gathered on the nodes
+        from nxpretrain.launch.nodes import node_usage, usage_table
+        print(usage_table(node_usage(a.job_id)).text() + '\n', flush=True)
     watch(a.job_id, timeout=a.timeout, widgets=False)
 
 # %% ../nbs/api/08_cli.ipynb #cc650eae
@@ -248,6 +251,7 @@ def _parser() -> argparse.ArgumentParser:
     p = cmd('watch', _watch, 'follow the progress of a job (a job id or a log file)')
     p.add_argument('job_id', help='a job id from `nxpretrain jobs`, or a training log file')
     p.add_argument('--timeout', type=float, default=3600, help='seconds (default 3600)')
+    p.add_argument('--nodes', action='store_true', help="first each node's CPU, memory and GPU/NeuronCore use (srun --overlap on the job's nodes)")
     p = cmd('evaluate', _evaluate, 'validation perplexity of a checkpoint, and a sample', json=True)
     p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/gpt3_tiny/checkpoints/step_300')
     p.add_argument('--steps', type=int, default=None,

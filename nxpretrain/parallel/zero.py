@@ -9,19 +9,22 @@ from torch.distributed.tensor import DTensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 # %% auto #0
-__all__ = ['local', 'all_reduce_coalesced', 'all_reduce_grads', 'partition_params', 'Zero1Optimizer']
+__all__ = ['local', 'all_reduce_coalesced', 'all_reduce_grads', 'OverlappedGradReducer', 'partition_params', 'Zero1Optimizer']
 
 # %% ../../nbs/api/33_zero.ipynb #b45b5d28
 def local(t: torch.Tensor) -> torch.Tensor:
     "The local shard of a DTensor, or the tensor itself."
     return t.to_local() if isinstance(t, DTensor) else t
 
-def _buckets(tensors, bucket_mb: float):
-    out, cur, size = [], [], 0
+def _nbytes(t): return t.numel() * t.element_size()
+
+def _buckets(tensors, bucket_mb: float, size=_nbytes):
+    "`tensors` in runs of about `bucket_mb` MiB and one dtype each (`size(t)`: the bytes of `t` on the wire)."
+    out, cur, total = [], [], 0
     for t in tensors:
-        if cur and (size + t.numel() * t.element_size() > bucket_mb * 2**20 or t.dtype != cur[0].dtype):
-            out.append(cur); cur, size = [], 0
-        cur.append(t); size += t.numel() * t.element_size()
+        if cur and (total + size(t) > bucket_mb * 2**20 or t.dtype != cur[0].dtype):
+            out.append(cur); cur, total = [], 0
+        cur.append(t); total += size(t)
     return out + ([cur] if cur else [])
 
 def all_reduce_coalesced(tensors: list[torch.Tensor], group, bucket_mb: float = 25.0):
@@ -35,6 +38,46 @@ def all_reduce_coalesced(tensors: list[torch.Tensor], group, bucket_mb: float = 
 def all_reduce_grads(params, group, bucket_mb: float = 25.0):
     "Sum the gradients of `params` over `group` (in place); parameters without a gradient are skipped."
     all_reduce_coalesced([p.grad for p in params if p.grad is not None], group, bucket_mb)
+
+# %% ../../nbs/api/33_zero.ipynb #ae14cddf
+class OverlappedGradReducer:
+    "Sum the gradients of `params` over `group` from backward hooks, a bucket as soon as its gradients are ready."
+    def __init__(self, params, group, bucket_mb: float = 25.0):
+        self.params, self.group = [p for p in params if p.requires_grad][::-1], group
+        self.buckets = _buckets(self.params, bucket_mb, size=lambda p: local(p).numel() * local(p).element_size())
+        self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self.armed, self.ready, self.works, self.launched = False, [], {}, []
+        self.handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
+
+    def arm(self):
+        "Reduce during the next backward."
+        self.armed, self.ready, self.works, self.launched = True, [0] * len(self.buckets), {}, []
+
+    def _hook(self, p):
+        if not self.armed: return
+        i = self.bucket_of[id(p)]
+        self.ready[i] += 1
+        if self.ready[i] == len(self.buckets[i]): self._launch(i)
+
+    def _launch(self, i: int):
+        grads = [local(p.grad) for p in self.buckets[i] if p.grad is not None]
+        self.launched.append(i)
+        if not grads or self.group is None or dist.get_world_size(self.group) == 1: return
+        flat = _flatten_dense_tensors(grads)
+        self.works[i] = (grads, flat, dist.all_reduce(flat, group=self.group, async_op=True))
+
+    @torch.no_grad()
+    def finish(self):
+        "Start what backward did not, wait for every bucket, write the sums into the gradients."
+        for i in range(len(self.buckets)):
+            if i not in self.launched: self._launch(i)
+        for grads, flat, work in self.works.values():
+            work.wait()
+            for g, f in zip(grads, _unflatten_dense_tensors(flat, grads)): g.copy_(f)
+        self.armed, self.works = False, {}
+
+    def remove(self):
+        for h in self.handles: h.remove()
 
 # %% ../../nbs/api/33_zero.ipynb #2ebc3bdf
 def partition_params(params: list, n: int) -> list[int]:
