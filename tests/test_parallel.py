@@ -71,6 +71,28 @@ def test_dp_buckets_are_all_reduced_during_backward():
     for started, buckets, armed in run_distributed(_overlap_probe, 2, timeout=120):
         assert buckets > 3 and started == buckets and not armed
 
+def _zero1_state_bytes():
+    "This rank's AdamW state bytes under ZeRO-1 (flat slices) after one step, over DP 2 with TP 2."
+    from nxpretrain.parallel.check import tiny_recipe, tiny_batch
+    from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
+    from nxpretrain.parallel.engine import build_parallel_model
+    from nxpretrain.parallel.zero import FlatZero1Optimizer, local
+    from nxpretrain.parallel.data import dp_shard
+    r = tiny_recipe('llama', 'parallel.zero1=true', 'parallel.tp=2')
+    state = initialize_model_parallel(2, 1, 1, 'cpu')
+    pm = build_parallel_model(r, state)
+    opt = pm.build_optimizer()
+    tokens, labels = tiny_batch(r)
+    pm.train_step(dp_shard(tokens, state), dp_shard(labels, state), opt)
+    out = (type(opt) is FlatZero1Optimizer, sum(local(v).numel() * v.element_size() for s in opt.state.values() for v in s.values()))
+    destroy_model_parallel()
+    return out
+
+def test_zero1_ranks_hold_equal_optimizer_bytes():
+    from nxpretrain.parallel.spawn import run_distributed
+    res = run_distributed(_zero1_state_bytes, 4, timeout=120)
+    assert all(flat for flat, _ in res) and len({b for _, b in res}) == 1 and res[0][1] > 0
+
 def test_gqa_tp_beyond_kv_heads_with_kv_replication():
     "Llama with 2 kv heads on TP 4: K/V heads replicated twice (NxD kv_size_multiplier), replica grads summed."
     assert_equal_to_reference(run('llama', 4, ('parallel.tp=4', 'parallel.kv_replicator=2', SP)))

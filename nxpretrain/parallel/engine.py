@@ -14,7 +14,8 @@ from ..models import build_model
 from ..families import family
 from .state import ParallelState, get_state
 from .ring import cp_shard
-from .zero import all_reduce_grads, OverlappedGradReducer, Zero1Optimizer, local
+from .zero import (all_reduce_grads, OverlappedGradReducer, Zero1Optimizer, FlatZero1Optimizer,
+                                     ELEMENTWISE, local)
 from .loss import IGNORE_INDEX, LossCounts, StepLoss, ChunkedHead, lm_loss_sum, local_value
 from .pipeline import pipeline_stages, split_stage, build_schedule, forward_only
 from .tensor import replicate_kv_heads, kv_replicated_params, sum_kv_replica_grads, apply_tp
@@ -270,8 +271,9 @@ class ParallelModel:
         if optim_cls is None:
             optim_cls, kwargs = torch.optim.AdamW, dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, foreach=False)
         groups = param_groups(self.named_parameters(), o.weight_decay)
-        if self.par.zero1 and self.dp_cp_group is not None:
-            return Zero1Optimizer(groups, self.dp_cp_group, optim_cls, **kwargs)
+        if self.par.zero1 and self.dp_cp_group is not None:   # equal flat slices where the update is per element
+            zero1 = FlatZero1Optimizer if issubclass(optim_cls, ELEMENTWISE) else Zero1Optimizer
+            return zero1(groups, self.dp_cp_group, optim_cls, **kwargs)
         return optim_cls(groups, **kwargs)
 
     def train_step(self, tokens, labels, optimizer, max_norm: float | None = None, **inputs) -> dict:
