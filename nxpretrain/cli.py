@@ -14,7 +14,8 @@ __all__ = ['EXAMPLES', 'parse_args', 'main']
 EXAMPLES = {
     'recipes': ['nxpretrain recipes', 'nxpretrain recipes --json'],
     'show': ['nxpretrain show gpt3_23b optim.lr=1e-4', 'nxpretrain show --json gpt3_tiny cluster.profile=cpu parallel.tp=2'],
-    'plan': ['nxpretrain plan llama3_70b parallel.pp=4', 'nxpretrain plan --world 256 gpt3_23b --json'],
+    'plan': ['nxpretrain plan llama3_70b parallel.pp=4', 'nxpretrain plan --world 256 gpt3_23b --json',
+             'nxpretrain plan gpt3_tiny --trace', 'nxpretrain plan gpt3_64m --trace --ranks first,last'],
     'train': ['nxpretrain train gpt3_tiny --max-steps 50',
               'nxpretrain train gpt3_tiny cluster.profile=cpu parallel.tp=2 --max-steps 20',
               'nxpretrain train --cluster compute gpt3_23b optim.lr=1e-4 --dry-run',
@@ -62,9 +63,38 @@ def _show(a):
 def _plan(a):
     from nxpretrain.stages import load_recipe
     from nxpretrain.plan import plan
-    p = plan(load_recipe(a.model, a.overrides, world=a.world), world=a.world)
-    if a.json: return _print_json(p.to_dict())
+    r = load_recipe(a.model, a.overrides, world=a.world)
+    p = plan(r, world=a.world)
+    t = _trace(r, a) if a.trace else None
+    if a.json: return _print_json(p.to_dict() | ({'trace': _trace_dict(t)} if t else {}))
     print(p)
+    if t: print(f"\n{t}")
+
+def _trace(r, a):
+    "The `--trace` of `nxpretrain plan`: one full-size step of the chosen ranks (`--ranks first,last,N`)."
+    from nxpretrain.recipes import world_size
+    from nxpretrain.trace import trace
+    if a.world and a.world != world_size(r):
+        raise RecipeError(f"--trace traces {r.name} on its own cluster ({world_size(r)} devices), not --world {a.world}: "
+                          "change cluster.nodes instead")
+    names = {'first': 0, 'last': world_size(r) - 1}
+    try: ranks = [names[k] if k in names else int(k) for k in a.ranks.split(',')] if a.ranks else None
+    except ValueError: raise RecipeError(f"--ranks {a.ranks}: give rank numbers or first/last, comma-separated")
+    return trace(r, ranks)
+
+def _plan_options(p):
+    p.add_argument('--world', type=int, help='devices (default: the recipe cluster)')
+    p.add_argument('--trace', action='store_true',
+                   help="also trace one full-size training step on a fake process group (nothing is allocated) and set the "
+                        "planner beside it")
+    p.add_argument('--ranks', default='', help='ranks to trace, comma-separated numbers or first/last (default: first, '
+                                                'middle pipeline stage, last)')
+
+def _trace_dict(t) -> dict:
+    import dataclasses
+    ranks = [dataclasses.asdict(k) | {'calls': {f'{op}/{dim}': n for (op, dim), n in k.calls.items()},
+                                      'volume': {f'{op}/{dim}': n for (op, dim), n in k.volume.items()}} for k in t.ranks]
+    return dict(note=t.note, ranks=ranks, comparison=[dict(item=i, planned=a, traced=b, diff=d) for i, a, b, d in t.comparison()])
 
 def _train(a):
     from nxpretrain.stages import train_stage
@@ -111,6 +141,9 @@ def _cancel(a):
 
 def _watch(a):
     from nxpretrain.launch.watch import watch
+    if a.nodes:                                    # each node's CPU, memory and accelerators, gathered on the nodes
+        from nxpretrain.launch.nodes import node_usage, usage_table
+        print(usage_table(node_usage(a.job_id)).text() + '\n', flush=True)
     watch(a.job_id, timeout=a.timeout, widgets=False)
 
 # %% ../nbs/api/08_cli.ipynb #cc650eae
@@ -193,8 +226,7 @@ def _parser() -> argparse.ArgumentParser:
         return p
     cmd('recipes', _recipes, 'list the recipe catalog', json=True)
     cmd('show', _show, 'print a recipe as YAML (with overrides applied)', model=True, json=True)
-    p = cmd('plan', _plan, 'parameters, memory per device, step time and checkpoint cost', model=True, json=True)
-    p.add_argument('--world', type=int, help='devices (default: the recipe cluster)')
+    _plan_options(cmd('plan', _plan, 'parameters, memory per device, step time and checkpoint cost', model=True, json=True))
     p = cmd('train', _train, 'train here, submit to Slurm, or show the job it would submit', model=True)
     p.add_argument('--cluster', default='', help='Slurm partition or profile[:partition][@nodes] to submit to')
     p.add_argument('--max-steps', type=int, default=None, help='shortcut for trainer.max_steps')
@@ -219,6 +251,7 @@ def _parser() -> argparse.ArgumentParser:
     p = cmd('watch', _watch, 'follow the progress of a job (a job id or a log file)')
     p.add_argument('job_id', help='a job id from `nxpretrain jobs`, or a training log file')
     p.add_argument('--timeout', type=float, default=3600, help='seconds (default 3600)')
+    p.add_argument('--nodes', action='store_true', help="first each node's CPU, memory and GPU/NeuronCore use (srun --overlap on the job's nodes)")
     p = cmd('evaluate', _evaluate, 'validation perplexity of a checkpoint, and a sample', json=True)
     p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/gpt3_tiny/checkpoints/step_300')
     p.add_argument('--steps', type=int, default=None,

@@ -13,8 +13,9 @@ from .families import family
 
 # %% auto #0
 __all__ = ['GiB', 'ASSUMED_MFU', 'PUBLISHED_STEP_SECONDS', 'INTRA_NODE_GBS', 'layer_parameters', 'embedding_parameters',
-           'model_parameters', 'flops_per_token', 'Memory', 'memory_per_device', 'checkpoint_bytes',
-           'checkpoint_write_seconds', 'bubble_fraction', 'communication_seconds', 'Plan', 'plan', 'layout_options']
+           'model_parameters', 'flops_per_token', 'Memory', 'runs_engine', 'rank_parameters', 'memory_per_device',
+           'checkpoint_bytes', 'checkpoint_write_seconds', 'bubble_fraction', 'communication_bytes',
+           'communication_seconds', 'Plan', 'plan', 'layout_options']
 
 # %% ../nbs/api/02_plan.ipynb #9a297a17
 _COUNTS: dict = {}   # (config with one layer, vocab) → counts: a meta build takes milliseconds, a plan asks often
@@ -59,21 +60,73 @@ GiB = 2**30
 @dataclass
 class Memory:
     weights: float; grads: float; optimizer: float; activations: float
+    buffers: float = 0.0   # the pipeline's receive buffers
     @property
-    def total(self): return self.weights + self.grads + self.optimizer + self.activations
+    def total(self): return self.weights + self.grads + self.optimizer + self.activations + self.buffers
+
+def runs_engine(r: Recipe) -> bool:
+    "Whether `r` runs nxpretrain's engine (trn1 recipes run under NxD Training, exported by `nxpretrain compile`)."
+    return profile(r.cluster.profile).backend != 'xla'
 
 def _stage_parameters(m: ModelConfig, tp: int, pp: int, vocab: int, cuts=None) -> float:
-    "Parameters on the busiest pipeline stage of one TP rank."
+    "Parameters on the busiest pipeline stage of one TP rank (NxD Training's account)."
     bounds = [0, *(cuts or [round(m.n_layers * i / pp) for i in range(1, pp)]), m.n_layers]
     layers = max(b - a for a, b in zip(bounds, bounds[1:]))
     emb = embedding_parameters(m, vocab)
     # tied embeddings with PP > 1: first and last stage each hold a copy, so the busiest stage holds one full copy
     return layers * layer_parameters(m) / tp + (emb if pp == 1 else emb / 2 + m.hidden * vocab / 2) / tp
 
-def memory_per_device(r: Recipe, dp: int | None = None) -> Memory:
-    "Bytes per device for recipe `r` in its layout (busiest pipeline stage)."
+# %% ../nbs/api/02_plan.ipynb #661fc30b
+def _kv_extra(r: Recipe) -> float:
+    "Weights kv replication adds to a block (K and V widened `kv_replicator` times)."
+    m, k = r.model, r.parallel.kv_replicator
+    return 2 * (k - 1) * m.kv_heads * m.head_dim * m.hidden
+
+def rank_parameters(r: Recipe) -> list[float]:
+    "Parameters of one TP rank of each pipeline rank (0 … PP−1) in nxpretrain's engine."
+    from nxpretrain.parallel.pipeline import pipeline_stages
+    m, p = r.model, r.parallel
+    V, tp = padded_vocab(m, p.tp), p.tp
+    n_stages = p.pp * p.virtual_pp
+    stages = pipeline_stages(m.n_layers, n_stages, p.pp_cuts)
+    block = (layer_parameters(m) + _kv_extra(r)) / tp
+    rest = embedding_parameters(m, V) - V * m.hidden * (1 if m.tie_embeddings else 2)   # positions, norms, heads
+    out = []
+    for rank in range(p.pp):
+        ids = [s for s in range(n_stages) if s % p.pp == rank]
+        n = sum(len(stages[s]) for s in ids) * block
+        if 0 in ids: n += V * m.hidden / tp + rest
+        if n_stages - 1 in ids and (n_stages > 1 or not m.tie_embeddings): n += V * m.hidden / tp
+        out.append(n)
+    return out
+
+# %% ../nbs/api/02_plan.ipynb #232695b5
+def _block_activations(r: Recipe) -> float:
+    "Bytes one block keeps for backward, per micro-batch, in nxpretrain's engine (see above)."
+    m, p = r.model, r.parallel
+    fam = family(m.arch)
+    e = 2 if p.precision == 'bf16' else 4
+    T = p.tp if p.sequence_parallel and p.tp > 1 else 1
+    sbh = m.seq_len / p.cp * r.data.micro_batch * m.hidden
+    if p.activation_checkpointing == 'full': return 4 * sbh / T
+    cols = [k.split('.')[0] for k, v in fam.tp_plan.items() if v == 'colwise']
+    gathered = lambda n: (n * e if e < 4 else 4) * sbh   # the whole-sequence input of n column-parallel linears
+    kv = m.kv_heads * p.kv_replicator / m.n_heads
+    attention = gathered(cols.count('attention')) + e * sbh * (2 + 2 * kv) / p.tp   # q, k, v and the output
+    if m.dropout > 0:   # attention dropout: torch's math kernel keeps the fp32 softmax, the mask and the dropped bf16 scores
+        attention += 12 * r.data.micro_batch * m.n_heads / p.tp * (m.seq_len / p.cp) ** 2
+    # GELU keeps w1's output and its own; SwiGLU w1's, w3's, SiLU's and their product: 2 per input linear
+    mlp = gathered(cols.count('mlp')) + e * sbh * m.ffn / m.hidden * 2 * cols.count('mlp') / p.tp
+    kept = 2 * 4 * sbh / T                               # the two norms' inputs (the fp32 residual stream)
+    for name, full in (('attention', attention), ('mlp', mlp)):
+        recomputed = p.activation_checkpointing == 'selective' and name in p.checkpoint_modules
+        kept += 4 * sbh if recomputed else full
+    return kept
+
+# %% ../nbs/api/02_plan.ipynb #ef171a10
+def _nxdt_memory(r: Recipe, dp: int) -> Memory:
+    "NxD Training's bytes per device for trn1 recipe `r` (busiest pipeline stage)."
     m, p, d = r.model, r.parallel, r.data
-    dp = dp or max(data_parallel_size(r), 1)
     vocab = padded_vocab(m, p.tp)
     n = _stage_parameters(m, p.tp, p.pp, vocab, p.pp_cuts)
     shard = dp if p.fsdp else 1
@@ -87,6 +140,48 @@ def memory_per_device(r: Recipe, dp: int | None = None) -> Memory:
     layers = math.ceil(m.n_layers / p.pp)
     logits = 4 * s * b * vocab / t if p.pp == 1 else 0                          # fp32 logits for the loss on the last stage
     return Memory(w / shard, g / shard, o / (1 if p.zero1 else shard), layers * per_layer * in_flight + logits)
+
+def memory_per_device(r: Recipe, dp: int | None = None) -> Memory:
+    "Bytes per device for recipe `r` in its layout: each category at its busiest pipeline rank."
+    dp = dp or max(data_parallel_size(r), 1)
+    if not runs_engine(r): return _nxdt_memory(r, dp)
+    p = r.parallel
+    n = max(rank_parameters(r))
+    shard = dp * p.cp if p.fsdp else 1
+    opt = 8 * n / (dp * p.cp if (p.zero1 or p.fsdp) else 1)
+    return Memory(4 * n / shard, 4 * n / shard, opt, _engine_activations(r, dp), _pipeline_buffers(r, dp))
+
+def _micro_batches(r: Recipe, dp: int) -> int:
+    return max(r.data.global_batch // (r.data.micro_batch * dp), 1)
+
+def _engine_activations(r: Recipe, dp: int) -> float:
+    "Peak activation bytes: pipeline rank 0's blocks × micro-batches in flight; with one stage, one micro-batch and the loss."
+    from nxpretrain.parallel.pipeline import pipeline_stages
+    m, p, d = r.model, r.parallel, r.data
+    n_stages = p.pp * p.virtual_pp
+    stages = pipeline_stages(m.n_layers, n_stages, p.pp_cuts)
+    layers = sum(len(stages[s]) for s in range(0, n_stages, p.pp))
+    in_flight = min(_micro_batches(r, dp), p.pp)
+    if p.virtual_pp > 1: in_flight *= 1 + (p.pp - 1) / (p.pp * p.virtual_pp)   # interleaving's extra warm-up chunks
+    V = padded_vocab(m, p.tp)
+    # the loss's peak: the logits, fp32 log-softmax, and in backward two fp32 gradients of the logits
+    e = 2 if p.precision == 'bf16' else 4
+    tokens = m.seq_len / p.cp * d.micro_batch
+    if p.loss_chunk: tokens = min(tokens, p.loss_chunk)   # the chunked loss holds one chunk's logits at a time
+    loss = (e + 3 * 4) * tokens * V / p.tp if p.pp == 1 else 0
+    casts = 2 * rank_parameters(r)[0] if p.precision == 'bf16' else 0   # autocast's bf16 weight copies, kept for backward
+    # under TP the vocabulary-parallel embedding's backward builds the whole (vocab × hidden) gradient before slicing it
+    embedding = 4 * V * m.hidden if p.tp > 1 else 0
+    return layers * _block_activations(r) * in_flight + max(loss, embedding) + casts
+
+def _pipeline_buffers(r: Recipe, dp: int) -> float:
+    "Receive buffers the pipeline schedule keeps: per micro-batch, an activation in and a gradient back (middle stages)."
+    m, p = r.model, r.parallel
+    if p.pp == 1: return 0.0
+    T = p.tp if p.sequence_parallel and p.tp > 1 else 1
+    one = 4 * r.data.micro_batch * m.seq_len / p.cp / T * m.hidden
+    per_rank = 2 * p.virtual_pp - (1 if p.virtual_pp == 1 and p.pp == 2 else 0)
+    return one * per_rank * _micro_batches(r, dp)
 
 # %% ../nbs/api/02_plan.ipynb #9621979a
 def checkpoint_bytes(r: Recipe) -> float:
@@ -107,6 +202,48 @@ def bubble_fraction(r: Recipe, dp: int) -> float:
     "Idle fraction a 1F1B pipeline adds: (PP−1)/(micro-batches · virtual stages)."
     micro = max(r.data.global_batch // (r.data.micro_batch * dp), 1)
     return (r.parallel.pp - 1) / (micro * r.parallel.virtual_pp)
+
+def communication_bytes(r: Recipe, dp: int | None = None) -> dict:
+    """Payload bytes per step of the busiest rank's collectives in nxpretrain's engine, by mesh dimension (`tp`, `pp`, and
+    `dp`, or `dp_cp` with context parallelism), as `nxpretrain.trace` counts them: an all-reduce's tensor, an all-gather's
+    output, a reduce-scatter's input, a send's or a receive's tensor."""
+    m, p = r.model, r.parallel
+    dp = dp or max(data_parallel_size(r), 1)
+    mb = _micro_batches(r, dp)
+    out = {}
+    if p.tp > 1: out['tp'] = _tp_bytes(r) * mb
+    if p.pp > 1:
+        T = p.tp if p.sequence_parallel and p.tp > 1 else 1
+        one = 4 * r.data.micro_batch * m.seq_len / p.cp / T * m.hidden
+        tied = 4 * padded_vocab(m, p.tp) * m.hidden / p.tp if m.tie_embeddings else 0
+        out['pp'] = one * mb * 2 * min(p.pp - 1, 2) * p.virtual_pp + tied
+    if dp * p.cp > 1:
+        n = max(rank_parameters(r))
+        grads = 4 * n + (4 * n if p.zero1 else 0)          # the gradients' all-reduce, ZeRO-1's broadcast of the update
+        if p.fsdp: grads = 4 * n + 2 * 2 * n * mb            # reduce-scatter once; bf16 all-gathers each micro-batch
+        out['dp_cp' if p.cp > 1 else 'dp'] = grads
+    return out
+
+def _tp_bytes(r: Recipe) -> float:
+    """TP payload bytes of one micro-batch on the busiest pipeline rank (sequence parallel): per block, forward all-gathers of the
+    fp32 norm outputs and reduce-scatters of the row-parallel outputs, their mirror in backward, and an fp32 all-reduce
+    of each column-parallel linear's input gradient; the embedding and head add their own."""
+    from nxpretrain.parallel.pipeline import pipeline_stages
+    m, p = r.model, r.parallel
+    e = 2 if p.precision == 'bf16' else 4
+    A = r.data.micro_batch * m.seq_len / p.cp * m.hidden
+    cols = sum(v == 'colwise' for v in family(m.arch).tp_plan.values())
+    rows = sum(v == 'rowwise' for v in family(m.arch).tp_plan.values())
+    block = A * (rows * 4 + 2 * rows * e + 4 * cols) if p.sequence_parallel else A * (2 * rows * e + 4 * cols)
+    n_stages = p.pp * p.virtual_pp
+    stages = pipeline_stages(m.n_layers, n_stages, p.pp_cuts)
+    embedding = (8 + (0 if family(m.arch).rope else 4)) * A   # learned positions add their gradient's all-gather
+    per_rank = []
+    for rank in range(p.pp):
+        ids = range(rank, n_stages, p.pp)
+        ends = (embedding if 0 in ids else 0) + (8 * A if n_stages - 1 in ids else 0)
+        per_rank.append(sum(len(stages[s]) for s in ids) * block + ends)
+    return max(per_rank)
 
 def communication_seconds(r: Recipe, dp: int) -> float:
     "Exposed collective time per step: TP all-reduces of activations, plus half of the DP gradient reduction (the rest overlaps)."
@@ -140,7 +277,8 @@ class Plan:
                 ('parameters', _human(self.parameters)),
                 ('batch', f"global {r.data.global_batch} × {r.model.seq_len} = {_human(self.tokens_per_step)} tokens/step, micro {r.data.micro_batch}"),
                 ('memory / device', f"{m.total / GiB:.1f} GiB of {self.device_gib:g} GiB (weights {m.weights / GiB:.1f}, grads {m.grads / GiB:.1f}, "
-                                    f"optimizer {m.optimizer / GiB:.1f}, activations {m.activations / GiB:.1f})" + ('' if self.fits else '  ← does not fit')),
+                                    f"optimizer {m.optimizer / GiB:.1f}, activations {m.activations / GiB:.1f}" +
+                                    (f", pipeline buffers {m.buffers / GiB:.1f})" if m.buffers else ')') + ('' if self.fits else '  ← does not fit')),
                 ('step time', f"≈ {self.step_seconds:.3g} s at MFU {ASSUMED_MFU[prof.backend]:g}" +
                               (f" (published: {PUBLISHED_STEP_SECONDS[r.name]:g} s)" if r.name in PUBLISHED_STEP_SECONDS else '')),
                 ('checkpoint', f"{self.checkpoint_bytes / 2**40:.3g} TiB, {self.checkpoint_seconds:.3g} s at {r.cluster.storage_gbps:g} GB/s"
@@ -155,7 +293,7 @@ class Plan:
                     layout=dict(tp=p.tp, pp=p.pp, cp=p.cp, dp=self.dp, sequence_parallel=p.sequence_parallel, zero1=p.zero1,
                                 fsdp=p.fsdp, activation_checkpointing=p.activation_checkpointing),
                     parameters=self.parameters, tokens_per_step=self.tokens_per_step,
-                    memory_bytes=dict(weights=m.weights, grads=m.grads, optimizer=m.optimizer, activations=m.activations, total=m.total),
+                    memory_bytes=dict(weights=m.weights, grads=m.grads, optimizer=m.optimizer, activations=m.activations, buffers=m.buffers, total=m.total),
                     device_gib=self.device_gib, fits=self.fits, step_seconds=self.step_seconds,
                     checkpoint_bytes=self.checkpoint_bytes, checkpoint_seconds=self.checkpoint_seconds,
                     problems=list(self.problems), advice=list(self.advice))

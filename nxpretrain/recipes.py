@@ -69,6 +69,7 @@ class ParallelConfig:
     checkpoint_modules: list[RecomputeKind] = field(default_factory=list)  # for selective, e.g. [attention, mlp]
     precision: Literal['bf16', 'fp32'] = 'bf16'   # bf16: mixed, fp32 master weights
     loss_chunk: int = 0                  # tokens per cross-entropy chunk: logits never whole (large vocabularies); 0 = off
+    overlap_grad_reduce: bool = True     # sum DP gradients from backward hooks while backward runs (pp=1, no FSDP)
 
 # %% ../nbs/api/00_recipes.ipynb #85b5558b
 @dataclass

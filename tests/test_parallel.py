@@ -43,6 +43,56 @@ def test_chunked_loss_equals_plain_loss(arch, world, overrides):
     assert_equal_to_reference(res)
     assert max(r['loss_err'] for r in res) <= 1e-6
 
+def test_tp2_sp_dp2_overlapped_gradient_sums():
+    "DP gradients summed from backward hooks while sequence-parallel norms' gradients are still pending TP sums."
+    assert_equal_to_reference(run('llama', 4, ('parallel.tp=2', SP)))
+
+def _overlap_probe():
+    "Buckets whose all-reduce backward had started before `reduce_grads` ran, of all buckets, on this rank."
+    from nxpretrain.parallel.check import tiny_recipe, tiny_batch
+    from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
+    from nxpretrain.parallel.engine import build_parallel_model
+    from nxpretrain.parallel.zero import OverlappedGradReducer
+    from nxpretrain.parallel.data import dp_shard
+    r = tiny_recipe('gpt', 'parallel.zero1=true')
+    state = initialize_model_parallel(1, 1, 1, 'cpu')
+    pm = build_parallel_model(r, state)
+    pm.grad_reducer = OverlappedGradReducer(list(pm.parameters()), pm.dp_cp_group, bucket_mb=0.01)
+    seen, reduce = [], pm.reduce_grads
+    pm.reduce_grads = lambda: (seen.append(len(pm.grad_reducer.works)), reduce())[1]
+    tokens, labels = tiny_batch(r)
+    pm.forward_backward(dp_shard(tokens, state), dp_shard(labels, state))
+    out = (seen[0], len(pm.grad_reducer.buckets), pm.grad_reducer.armed)
+    destroy_model_parallel()
+    return out
+
+def test_dp_buckets_are_all_reduced_during_backward():
+    from nxpretrain.parallel.spawn import run_distributed
+    for started, buckets, armed in run_distributed(_overlap_probe, 2, timeout=120):
+        assert buckets > 3 and started == buckets and not armed
+
+def _zero1_state_bytes():
+    "This rank's AdamW state bytes under ZeRO-1 (flat slices) after one step, over DP 2 with TP 2."
+    from nxpretrain.parallel.check import tiny_recipe, tiny_batch
+    from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
+    from nxpretrain.parallel.engine import build_parallel_model
+    from nxpretrain.parallel.zero import FlatZero1Optimizer, local
+    from nxpretrain.parallel.data import dp_shard
+    r = tiny_recipe('llama', 'parallel.zero1=true', 'parallel.tp=2')
+    state = initialize_model_parallel(2, 1, 1, 'cpu')
+    pm = build_parallel_model(r, state)
+    opt = pm.build_optimizer()
+    tokens, labels = tiny_batch(r)
+    pm.train_step(dp_shard(tokens, state), dp_shard(labels, state), opt)
+    out = (type(opt) is FlatZero1Optimizer, sum(local(v).numel() * v.element_size() for s in opt.state.values() for v in s.values()))
+    destroy_model_parallel()
+    return out
+
+def test_zero1_ranks_hold_equal_optimizer_bytes():
+    from nxpretrain.parallel.spawn import run_distributed
+    res = run_distributed(_zero1_state_bytes, 4, timeout=120)
+    assert all(flat for flat, _ in res) and len({b for _, b in res}) == 1 and res[0][1] > 0
+
 def test_gqa_tp_beyond_kv_heads_with_kv_replication():
     "Llama with 2 kv heads on TP 4: K/V heads replicated twice (NxD kv_size_multiplier), replica grads summed."
     assert_equal_to_reference(run('llama', 4, ('parallel.tp=4', 'parallel.kv_replicator=2', SP)))

@@ -15,10 +15,13 @@ IMAGE = '/apps/bignlp-training_22.09-py3-bcp-nsys-2022.5.1-v2-efa.sqsh'
 
 
 @pytest.mark.parametrize('name', SEED1)
-def test_recipes_validate_and_fit(name):
+def test_recipes_validate_and_plan(name):
     r = validate(get_recipe(name))
     p = plan(r)
-    assert p.fits and not p.problems, str(p)
+    assert not p.problems, str(p)
+    if name == 'gpt3_175b_p4de':   # NeMo's 512 micro-batches × 12 virtual stages: torch's pipeline schedule keeps a receive
+        assert not p.fits and p.memory.buffers > 250 * 2**30, str(p)   # buffer per micro-batch, chunk and direction
+    else: assert p.fits, str(p)
     assert r.data.blend[1::2] == [f'/fsx/data/the_pile_gpt3/my-gpt3_{i:02d}_text_document' for i in range(30)]
     assert 'departs from NeMo' in r.notes and r.cluster.profile == 'p4de.24xlarge'
     assert p.world == r.cluster.nodes * 8

@@ -3,7 +3,7 @@
 #
 #   bash tools/test.sh
 #
-# 1. Debian packages through apt-get (Chromium for the docs test, git, fonts), only those missing.
+# 1. Debian packages through apt-get (Chromium and its driver for the docs and browser tests, git, fonts), only those missing.
 # 2. Debian's Slurm and munge through tools/slurm/install.sh (apt-get); the Slurm tests start their own clusters.
 # 3. The package with its dev extras; torch pinned to the CPU build 2.13.0 (NXP_TORCH= keeps an installed torch).
 # 4. The Jupyter kernel papermill uses.
@@ -20,6 +20,7 @@ say "system packages (apt-get)"
 missing=()
 command -v git >/dev/null 2>&1 || missing+=(git)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)   # Selenium drives Debian's Chromium (tests/test_browser.py)
 dpkg -s fonts-dejavu-core >/dev/null 2>&1 || missing+=(fonts-dejavu-core)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"

@@ -14,7 +14,8 @@ from ..models import build_model
 from ..families import family
 from .state import ParallelState, get_state
 from .ring import cp_shard
-from .zero import all_reduce_grads, Zero1Optimizer, local
+from .zero import (all_reduce_grads, OverlappedGradReducer, Zero1Optimizer, FlatZero1Optimizer,
+                                     ELEMENTWISE, local)
 from .loss import IGNORE_INDEX, LossCounts, StepLoss, ChunkedHead, lm_loss_sum, local_value
 from .pipeline import pipeline_stages, split_stage, build_schedule, forward_only
 from .tensor import replicate_kv_heads, kv_replicated_params, sum_kv_replica_grads, apply_tp
@@ -24,9 +25,11 @@ from .data import apply_fsdp, dp_shard
 from .init import init_parts
 
 # %% auto #0
-__all__ = ['ParallelModel', 'param_groups', 'parallelize', 'attach_schedule', 'materialize', 'build_parallel_model']
+__all__ = ['DP_WAIT', 'ParallelModel', 'param_groups', 'parallelize', 'attach_schedule', 'materialize', 'build_parallel_model']
 
 # %% ../../nbs/api/34_engine.ipynb #313b7edc
+DP_WAIT = 'dp_grad_wait'   # profiler label of the time a step waits for DP gradient sums (exposed communication)
+
 class ParallelModel:
     "This rank's parts of a model under a recipe's layout, and the steps a trainer runs on them."
     def __init__(self, parts: list, recipe: Recipe, state: ParallelState, stage_ids: list, n_stages: int = 1,
@@ -40,6 +43,7 @@ class ParallelModel:
         self.ignore_index = IGNORE_INDEX
         self.loss = StepLoss(IGNORE_INDEX)        # the step's loss function, counts set per step
         self.schedule = None                      # the pipeline schedule when pp > 1
+        self.grad_reducer = None                  # sums DP gradients during backward (`overlap_reducer`)
 
     @property
     def cfg(self): return self.recipe.model
@@ -107,6 +111,16 @@ class ParallelModel:
         if self.state.dp > 1: dist.all_reduce(n, group=self.state.group('dp'))
         return LossCounts(tokens=max(n.item(), 1.0), sequences=float(labels.shape[0] * self.state.dp))
 
+    def overlap_reducer(self) -> OverlappedGradReducer | None:
+        "The hooks that sum gradients over DP×CP during the last micro-batch's backward (pp=1 without FSDP), else None."
+        if not self.par.overlap_grad_reduce or self.fsdp or self.schedule is not None or self.dp_cp_group is None:
+            return None
+        params = list(self.parameters())
+        if self.grad_reducer is None or {id(p) for p in self.grad_reducer.params} != {id(p) for p in params}:
+            if self.grad_reducer is not None: self.grad_reducer.remove()   # parameters were replaced: hook the new ones
+            self.grad_reducer = OverlappedGradReducer(params, self.dp_cp_group)
+        return self.grad_reducer
+
     def _check_inputs(self, tokens, nsp_labels, inputs):
         mb = self.recipe.data.micro_batch
         if tokens.shape[0] % mb:
@@ -139,6 +153,7 @@ class ParallelModel:
         for i in range(n_mb):
             sl = slice(i * mb, (i + 1) * mb)
             if self.fsdp: model.set_requires_gradient_sync(i == n_mb - 1)
+            if i == n_mb - 1 and (reducer := self.overlap_reducer()) is not None: reducer.arm()
             out = model(tokens[sl], **{k: v[sl] for k, v in inputs.items()})
             loss = self.loss(out, labels[sl], None if nsp_labels is None else nsp_labels[sl])
             loss.backward()
@@ -194,12 +209,16 @@ class ParallelModel:
 
     @torch.no_grad()
     def reduce_grads(self):
-        """Sum gradients over DP×CP (FSDP already reduce-scattered them), add the tied head's gradient to the embedding's
+        """Sum gradients over DP×CP (finish the overlapped sums, or sum now; FSDP already reduce-scattered them), add the tied head's gradient to the embedding's
         when they sit on different pipeline stages, and sum K/V replica gradients."""
+        overlapped = self.grad_reducer is not None and self.grad_reducer.armed
+        if overlapped:   # the DP sums that backward started; the profiler shows the wait as exposed communication
+            with torch.profiler.record_function(DP_WAIT): self.grad_reducer.finish()
         for p in self.parameters():   # replicated DTensor weights (SP norms) may hold a pending (Partial) sum: settle it
             if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
-        if not self.fsdp and self.dp_cp_group is not None: all_reduce_grads(list(self.parameters()), self.dp_cp_group)
+        if not (self.fsdp or overlapped) and self.dp_cp_group is not None:
+            with torch.profiler.record_function(DP_WAIT): all_reduce_grads(list(self.parameters()), self.dp_cp_group)
         if self.tied_across_stages: self._reduce_tied_grad()
         for part in self.parts: sum_kv_replica_grads(part)
 
@@ -255,8 +274,9 @@ class ParallelModel:
         if optim_cls is None:
             optim_cls, kwargs = torch.optim.AdamW, dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, foreach=False)
         groups = param_groups(self.named_parameters(), o.weight_decay)
-        if self.par.zero1 and self.dp_cp_group is not None:
-            return Zero1Optimizer(groups, self.dp_cp_group, optim_cls, **kwargs)
+        if self.par.zero1 and self.dp_cp_group is not None:   # equal flat slices where the update is per element
+            zero1 = FlatZero1Optimizer if issubclass(optim_cls, ELEMENTWISE) else Zero1Optimizer
+            return zero1(groups, self.dp_cp_group, optim_cls, **kwargs)
         return optim_cls(groups, **kwargs)
 
     def train_step(self, tokens, labels, optimizer, max_norm: float | None = None, **inputs) -> dict:

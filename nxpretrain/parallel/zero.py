@@ -5,23 +5,28 @@
 # %% ../../nbs/api/33_zero.ipynb #f8090aaf
 from __future__ import annotations
 import torch, torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 # %% auto #0
-__all__ = ['local', 'all_reduce_coalesced', 'all_reduce_grads', 'partition_params', 'Zero1Optimizer']
+__all__ = ['ELEMENTWISE', 'local', 'all_reduce_coalesced', 'all_reduce_grads', 'OverlappedGradReducer', 'partition_params',
+           'Zero1Optimizer', 'FlatZero1Optimizer']
 
 # %% ../../nbs/api/33_zero.ipynb #b45b5d28
 def local(t: torch.Tensor) -> torch.Tensor:
     "The local shard of a DTensor, or the tensor itself."
     return t.to_local() if isinstance(t, DTensor) else t
 
-def _buckets(tensors, bucket_mb: float):
-    out, cur, size = [], [], 0
+def _nbytes(t): return t.numel() * t.element_size()
+
+def _buckets(tensors, bucket_mb: float, size=_nbytes):
+    "`tensors` in runs of about `bucket_mb` MiB and one dtype each (`size(t)`: the bytes of `t` on the wire)."
+    out, cur, total = [], [], 0
     for t in tensors:
-        if cur and (size + t.numel() * t.element_size() > bucket_mb * 2**20 or t.dtype != cur[0].dtype):
-            out.append(cur); cur, size = [], 0
-        cur.append(t); size += t.numel() * t.element_size()
+        if cur and (total + size(t) > bucket_mb * 2**20 or t.dtype != cur[0].dtype):
+            out.append(cur); cur, total = [], 0
+        cur.append(t); total += size(t)
     return out + ([cur] if cur else [])
 
 def all_reduce_coalesced(tensors: list[torch.Tensor], group, bucket_mb: float = 25.0):
@@ -35,6 +40,46 @@ def all_reduce_coalesced(tensors: list[torch.Tensor], group, bucket_mb: float = 
 def all_reduce_grads(params, group, bucket_mb: float = 25.0):
     "Sum the gradients of `params` over `group` (in place); parameters without a gradient are skipped."
     all_reduce_coalesced([p.grad for p in params if p.grad is not None], group, bucket_mb)
+
+# %% ../../nbs/api/33_zero.ipynb #ae14cddf
+class OverlappedGradReducer:
+    "Sum the gradients of `params` over `group` from backward hooks, a bucket as soon as its gradients are ready."
+    def __init__(self, params, group, bucket_mb: float = 25.0):
+        self.params, self.group = [p for p in params if p.requires_grad][::-1], group
+        self.buckets = _buckets(self.params, bucket_mb, size=lambda p: local(p).numel() * local(p).element_size())
+        self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self.armed, self.ready, self.works, self.launched = False, [], {}, []
+        self.handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
+
+    def arm(self):
+        "Reduce during the next backward."
+        self.armed, self.ready, self.works, self.launched = True, [0] * len(self.buckets), {}, []
+
+    def _hook(self, p):
+        if not self.armed: return
+        i = self.bucket_of[id(p)]
+        self.ready[i] += 1
+        if self.ready[i] == len(self.buckets[i]): self._launch(i)
+
+    def _launch(self, i: int):
+        grads = [local(p.grad) for p in self.buckets[i] if p.grad is not None]
+        self.launched.append(i)
+        if not grads or self.group is None or dist.get_world_size(self.group) == 1: return
+        flat = _flatten_dense_tensors(grads)
+        self.works[i] = (grads, flat, dist.all_reduce(flat, group=self.group, async_op=True))
+
+    @torch.no_grad()
+    def finish(self):
+        "Start what backward did not, wait for every bucket, write the sums into the gradients."
+        for i in range(len(self.buckets)):
+            if i not in self.launched: self._launch(i)
+        for grads, flat, work in self.works.values():
+            work.wait()
+            for g, f in zip(grads, _unflatten_dense_tensors(flat, grads)): g.copy_(f)
+        self.armed, self.works = False, {}
+
+    def remove(self):
+        for h in self.handles: h.remove()
 
 # %% ../../nbs/api/33_zero.ipynb #2ebc3bdf
 def partition_params(params: list, n: int) -> list[int]:
@@ -107,3 +152,104 @@ class Zero1Optimizer(torch.optim.Optimizer):
         names = {id(p): n for n, p in module.named_parameters()}
         for g in self.param_groups:
             g.update({k: sd[f'param_groups.{names[id(g["params"][0])]}.{k}'] for k in g if k != 'params'})
+
+# %% ../../nbs/api/33_zero.ipynb #0d55cdeb
+ELEMENTWISE = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)   # optimizers whose update is per element
+
+def _flat_values(tensors: list, n: int) -> torch.Tensor:
+    "The tensors as one flat buffer, zero-padded to a multiple of `n`."
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    return F.pad(flat, (0, -flat.numel() % n))
+
+class FlatZero1Optimizer(Zero1Optimizer):
+    "ZeRO-1 with each group's parameters one flat buffer in `n` equal slices: every rank holds the same optimizer bytes."
+    def __init__(self, params, group, optim_cls=torch.optim.AdamW, **defaults):
+        groups = list(params)
+        if groups and not isinstance(groups[0], dict): groups = [{'params': groups}]
+        groups = [{**g, 'params': [p for p in g['params'] if p.requires_grad]} for g in groups]
+        groups = [g for g in groups if g['params']]
+        self.all_params, self.group = [p for g in groups for p in g['params']], group
+        self.n, self.rank = (dist.get_world_size(group), dist.get_rank(group)) if group is not None else (1, 0)
+        owner = partition_params(self.all_params, self.n)   # whose checkpoint keys a parameter's state goes under
+        self.owner, self.owns = owner, {id(p): o == self.rank for p, o in zip(self.all_params, owner)}
+        self.shards = [self._slice(_flat_values([local(p).detach() for p in g['params']], self.n)).clone()
+                       for g in groups]
+        self.inner = optim_cls([{**g, 'params': [s]} for g, s in zip(groups, self.shards)], **defaults)
+        torch.optim.Optimizer.__init__(self, groups, defaults)
+        self.state = self.inner.state
+
+    def _slice(self, flat: torch.Tensor) -> torch.Tensor:
+        c = flat.numel() // self.n
+        return flat[self.rank * c:(self.rank + 1) * c]
+
+    def _gather(self, shard: torch.Tensor) -> torch.Tensor:
+        "Every rank's slice, in order: the whole padded flat buffer."
+        if self.n == 1: return shard
+        full = torch.empty(shard.numel() * self.n, dtype=shard.dtype, device=shard.device)
+        dist.all_gather_into_tensor(full, shard.contiguous(), group=self.group)
+        return full
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for mine, outer in zip(self.inner.param_groups, self.param_groups):  # follow schedulers' changes to lr etc.
+            mine.update({k: v for k, v in outer.items() if k != 'params'})
+        for g, shard in zip(self.param_groups, self.shards):
+            ts = [local(p) for p in g['params']]
+            shard.copy_(self._slice(_flat_values(ts, self.n)))   # the weights as they are now (a load may have set them)
+            grads = [local(p.grad) if p.grad is not None else torch.zeros_like(t) for p, t in zip(g['params'], ts)]
+            shard.grad = self._slice(_flat_values(grads, self.n)).clone()
+        self.inner.step()
+        for g, shard in zip(self.param_groups, self.shards):
+            ts = [local(p) for p in g['params']]
+            full = self._gather(shard)
+            for t, f in zip(ts, full[:sum(t.numel() for t in ts)].split([t.numel() for t in ts])): t.copy_(f.view_as(t))
+            shard.grad = None
+
+    def _ensure_state(self):
+        "A no-op step (lr 0, zero gradients) creates the state, as the template a load fills in."
+        if self.inner.state: return
+        lrs = [g['lr'] for g in self.inner.param_groups]
+        for g in self.inner.param_groups: g['lr'] = 0.0
+        for s in self.shards: s.grad = torch.zeros_like(s)
+        self.inner.step()
+        for g, lr in zip(self.inner.param_groups, lrs): g['lr'] = lr
+        for s in self.shards: s.grad = None
+
+    def flat_state_dict(self, module: torch.nn.Module) -> dict:
+        "`Zero1Optimizer.flat_state_dict`'s keys and values: whole state tensors of the parameters this rank owns."
+        names = {id(p): n for n, p in module.named_parameters()}
+        self._ensure_state()
+        out = {}
+        for g, shard in zip(self.param_groups, self.shards):
+            ts = [local(p) for p in g['params']]
+            for k, v in self.inner.state[shard].items():
+                full = v if v.ndim == 0 else self._gather(v)
+                pieces = [v] * len(ts) if v.ndim == 0 else full[:sum(t.numel() for t in ts)].split([t.numel() for t in ts])
+                for p, t, piece in zip(g['params'], ts, pieces):
+                    if self.owns[id(p)]: out[f'state.{names[id(p)]}.{k}'] = (piece.view_as(t) if v.ndim else piece).clone()
+        for g, inner in zip(self.param_groups, self.inner.param_groups):
+            hyper = {k: v for k, v in {**inner, **g}.items() if k != 'params'}
+            out.update({f'param_groups.{names[id(p)]}.{k}': v for p in g['params'] for k, v in hyper.items()})
+        return out
+
+    @torch.no_grad()
+    def load_flat_state_dict(self, sd: dict, module: torch.nn.Module):
+        "Scatter the whole state tensors that DCP loaded (on their owners) back into every rank's slices."
+        super().load_flat_state_dict(sd, module)
+        names = {id(p): n for n, p in module.named_parameters()}
+        for g, shard in zip(self.param_groups, self.shards):
+            ts = [local(p) for p in g['params']]
+            for k, v in self.inner.state[shard].items():
+                mine = [sd.get(f'state.{names[id(p)]}.{k}') if self.owns[id(p)] else None
+                        for p in g['params']]
+                if v.ndim == 0:   # the step count: the same for every parameter
+                    have = [m.reshape(()).to(v.dtype) for m in mine if m is not None]
+                    val = torch.stack(have).max() if have else torch.zeros((), dtype=v.dtype)
+                    if self.n > 1: dist.all_reduce(val, op=dist.ReduceOp.MAX, group=self.group)
+                    v.copy_(val)
+                    continue
+                parts = [m.reshape(-1).to(v.dtype) if m is not None else torch.zeros(t.numel(), dtype=v.dtype)
+                         for m, t in zip(mine, ts)]
+                full = _flat_values(parts, self.n)   # each element comes from exactly one owner: a sum puts them together
+                if self.n > 1: dist.all_reduce(full, group=self.group)
+                v.copy_(self._slice(full))

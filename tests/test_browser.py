@@ -1,0 +1,123 @@
+"""The stage notebooks as a person uses them: JupyterLab started here, driven in Debian's Chromium through Selenium
+(chromedriver from Debian too; nothing downloaded). It opens a copy of `nbs/04_train.ipynb`, sets a short gpt3_tiny run
+in the parameters cell by typing, runs all cells from the Run menu, and checks what the person sees: the progress bar
+widget advancing, the curves as an image, and no widget or kernel error. Screenshots go to runs/browser/ for the CI log."""
+import os, re, secrets, shutil, subprocess, sys, time, urllib.request
+from pathlib import Path
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHOTS = ROOT / 'runs' / 'browser'
+pytestmark = pytest.mark.timeout(300)
+webdriver = pytest.importorskip('selenium.webdriver')
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.common.action_chains import ActionChains
+
+
+def why_no_browser() -> str:
+    for tool in ('chromium', 'chromedriver'):
+        if not shutil.which(tool): return f'{tool} is not installed (tools/test.sh installs chromium and chromium-driver with apt-get)'
+    try: import jupyterlab  # noqa: F401
+    except ImportError: return "JupyterLab is not installed (pip install -e '.[notebooks]')"
+    return ''
+
+
+@pytest.fixture
+def lab(tmp_path):
+    "JupyterLab on 127.0.0.1 serving a folder with a copy of the stage notebook; (base url, token, folder)."
+    if why := why_no_browser(): pytest.skip(why)
+    from nxpretrain.lab import free_port, lab_argv
+    shutil.copy(ROOT / 'nbs/04_train.ipynb', tmp_path / '04_train.ipynb')
+    port, token = free_port(18990), secrets.token_hex(16)
+    env = {**os.environ, 'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', '')}
+    env.pop('IN_TEST', None)
+    log = open(tmp_path / 'lab.log', 'w')
+    srv = subprocess.Popen(lab_argv(port, token, tmp_path), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        for _ in range(240):
+            try: urllib.request.urlopen(f'http://127.0.0.1:{port}/api/status?token={token}', timeout=2); break
+            except Exception: time.sleep(0.5)
+        else: pytest.fail('JupyterLab did not answer in 120 s: ' + (tmp_path / 'lab.log').read_text()[-2000:])
+        yield f'http://127.0.0.1:{port}', token, tmp_path
+    finally:                                     # the server's own shutdown ends its kernels too
+        try: urllib.request.urlopen(urllib.request.Request(f'http://127.0.0.1:{port}/api/shutdown?token={token}', method='POST'), timeout=10)
+        except Exception: pass
+        try: srv.wait(20)
+        except subprocess.TimeoutExpired: os.killpg(srv.pid, 9); srv.wait(10)
+
+
+@pytest.fixture
+def browser():
+    o = webdriver.ChromeOptions()
+    for a in ('--headless=new', '--no-sandbox', '--disable-dev-shm-usage', '--disable-gpu', '--window-size=1400,1000'): o.add_argument(a)
+    o.binary_location = shutil.which('chromium')
+    d = webdriver.Chrome(options=o, service=webdriver.ChromeService(executable_path=shutil.which('chromedriver')))
+    try: yield d
+    finally: d.quit()
+
+
+def wait_for(what, timeout: float, every: float = 0.5):
+    "The first truthy value of `what()` within `timeout` seconds, else None."
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if v := what(): return v
+        time.sleep(every)
+    return None
+
+
+def shot(d, name: str):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    d.save_screenshot(str(SHOTS / name))
+
+
+def click_menu(d, menu: str, item: str):
+    d.find_element(By.XPATH, f"//li[contains(@class,'lm-MenuBar-item')][.//div[text()='{menu}']]").click()
+    wait_for(lambda: d.find_elements(By.XPATH, f"//li[contains(@class,'lm-Menu-item')][.//div[text()='{item}']]"), 10)[0].click()
+
+
+def progress_text(d) -> str:
+    "The text beside the tqdm progress widget (e.g. '7/20 [00:03<00:05, …]'), or ''."
+    bars = d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea .widget-hprogress, .jp-OutputArea .widget-progress')
+    if not bars: return ''
+    box = bars[0].find_element(By.XPATH, './ancestor::div[contains(@class,"widget-hbox")][1]')
+    return box.text
+
+
+def test_04_train_in_jupyterlab(lab, browser):
+    url, token, folder = lab
+    d = browser
+    d.get(f'{url}/lab/tree/04_train.ipynb?token={token}')
+    assert wait_for(lambda: d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .cm-content'), 60), 'the notebook did not open'
+    status = lambda: ' '.join(e.text for e in d.find_elements(By.CSS_SELECTOR, '#jp-main-statusbar'))
+    assert wait_for(lambda: 'Idle' in status(), 90), f'the kernel did not start: {status()}'
+    for b in d.find_elements(By.XPATH, "//button[.//*[text()='No'] or text()='No']"):   # the news prompt
+        if b.is_displayed(): b.click()
+    # As a person does: a click on the parameters cell's prompt, Enter to edit it, a new last line, Escape.
+    prompt = d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .jp-InputPrompt')[0]
+    keys = ActionChains(d).click(prompt).send_keys(Keys.ENTER)
+    keys.key_down(Keys.CONTROL).send_keys(Keys.END).key_up(Keys.CONTROL).send_keys(Keys.ENTER, 'max_steps = 12  # a short run')
+    keys.send_keys(Keys.ESCAPE).perform()
+    params = d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .cm-content')[0]
+    assert params.text.rstrip().endswith('max_steps = 12  # a short run'), params.text
+    shot(d, '04_train-parameters.png')
+    click_menu(d, 'Run', 'Run All Cells')
+    first = wait_for(lambda: re.search(r'(\d+)/12', progress_text(d)), 150, 0.25)
+    if not first: shot(d, '04_train-no-progress.png')
+    assert first, 'no progress bar widget appeared'
+    later = wait_for(lambda: (m := re.search(r'(\d+)/12', progress_text(d))) and int(m.group(1)) > int(first.group(1)) and m, 120, 0.25)
+    assert later, f'the progress bar stayed at {first.group(0)}'
+    d.execute_script('arguments[0].scrollIntoView({block: "center"})', d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea .widget-hprogress, .jp-OutputArea .widget-progress')[0])
+    shot(d, '04_train-progress.png')
+    img = wait_for(lambda: d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea .jp-RenderedImage img'), 150)
+    assert img, 'no curves image'
+    d.execute_script('arguments[0].scrollIntoView()', img[0])
+    time.sleep(1)
+    shot(d, '04_train-curves.png')
+    outputs = ' '.join(e.text for e in d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea'))
+    assert 'Error displaying widget' not in outputs and 'Traceback' not in outputs, outputs[-2000:]
+    assert not d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.error"]')
+    assert re.search(r'12/12', progress_text(d)), progress_text(d)
+    assert re.search(r'loss [\d.]+ → [\d.]+ over 12 steps', outputs), outputs[-2000:]
+    assert img[0].size['width'] > 600 and img[0].get_attribute('src').startswith('data:image/png')
+    assert (folder / 'runs/gpt3_tiny/checkpoints/step_12').is_dir()

@@ -1,0 +1,35 @@
+"""The analytic planner against the engine itself: one training step of catalog recipes traced at their real size and
+world (fake process group, FakeTensorMode, nothing allocated), each memory category and each mesh dimension's collective
+bytes per step within ±10 % of `nxpretrain.plan`. The fast set traces two GPU recipes (the pipelined one at its first,
+middle and last pipeline stage: receive buffers and point-to-point bytes peak in the middle); NXP_SLOW=1 traces every
+recipe whose runs go through the engine (GPU, trn2 and CPU recipes)."""
+import os, pytest
+from nxpretrain.recipes import CATALOG, get_recipe, world_size
+from nxpretrain.plan import runs_engine
+from nxpretrain.trace import trace, default_ranks
+
+MiB = 2**20
+FAST = {'gpt3_125m': None, 'gpt3_175b_gpu': None}          # None: the default ranks (first, middle stage, last)
+SLOW = sorted(n for n, r in CATALOG.items() if runs_engine(r) and n not in FAST)
+
+
+def disagreements(t) -> list:
+    "Rows of the comparison more than 10 % apart (items under 1 MiB on both sides are noise and pass)."
+    return [(item, round(a / MiB, 1), round(b / MiB, 1), f"{d:+.1%}") for item, a, b, d in t.comparison()
+            if max(a, b) > MiB and abs(d) > 0.10]
+
+
+@pytest.mark.parametrize('name', sorted(FAST))
+def test_planner_agrees_with_the_trace(name):
+    t = trace(name, FAST[name], progress=False)
+    assert [k.rank for k in t.ranks] == default_ranks(get_recipe(name))
+    assert t.ranks[-1].rank == world_size(get_recipe(name)) - 1
+    for k in t.ranks: assert k.parameters > 0 and k.gradients == k.parameters and k.activations > 0
+    assert not disagreements(t), f"{name}:\n{t}"
+
+
+@pytest.mark.skipif(not os.environ.get('NXP_SLOW'), reason='NXP_SLOW=1: every traced recipe (minutes)')
+@pytest.mark.parametrize('name', SLOW)
+def test_planner_agrees_with_the_trace_on_every_engine_recipe(name):
+    t = trace(name, progress=False)
+    assert not disagreements(t), f"{name}:\n{t}"
