@@ -25,9 +25,11 @@ from .data import apply_fsdp, dp_shard
 from .init import init_parts
 
 # %% auto #0
-__all__ = ['ParallelModel', 'param_groups', 'parallelize', 'attach_schedule', 'materialize', 'build_parallel_model']
+__all__ = ['DP_WAIT', 'ParallelModel', 'param_groups', 'parallelize', 'attach_schedule', 'materialize', 'build_parallel_model']
 
 # %% ../../nbs/api/34_engine.ipynb #313b7edc
+DP_WAIT = 'dp_grad_wait'   # profiler label of the time a step waits for DP gradient sums (exposed communication)
+
 class ParallelModel:
     "This rank's parts of a model under a recipe's layout, and the steps a trainer runs on them."
     def __init__(self, parts: list, recipe: Recipe, state: ParallelState, stage_ids: list, n_stages: int = 1,
@@ -210,12 +212,13 @@ class ParallelModel:
         """Sum gradients over DP×CP (finish the overlapped sums, or sum now; FSDP already reduce-scattered them), add the tied head's gradient to the embedding's
         when they sit on different pipeline stages, and sum K/V replica gradients."""
         overlapped = self.grad_reducer is not None and self.grad_reducer.armed
-        if overlapped: self.grad_reducer.finish()   # the DP sums that backward started
+        if overlapped:   # the DP sums that backward started; the profiler shows the wait as exposed communication
+            with torch.profiler.record_function(DP_WAIT): self.grad_reducer.finish()
         for p in self.parameters():   # replicated DTensor weights (SP norms) may hold a pending (Partial) sum: settle it
             if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         if not (self.fsdp or overlapped) and self.dp_cp_group is not None:
-            all_reduce_grads(list(self.parameters()), self.dp_cp_group)
+            with torch.profiler.record_function(DP_WAIT): all_reduce_grads(list(self.parameters()), self.dp_cp_group)
         if self.tied_across_stages: self._reduce_tied_grad()
         for part in self.parts: sum_kv_replica_grads(part)
 
