@@ -67,8 +67,16 @@ WIDGET = 'application/vnd.jupyter.widget-view+json'
 
 
 def page_outputs(outputs: list) -> list:
-    "Outputs as a static page shows them: widget views (live only in a kernel) left out."
-    return [o for o in outputs if WIDGET not in o.get('data', {})]
+    """Outputs as a static page shows them: a widget view (live only in a kernel) gives way to the HTML its output
+    carries beside it; a widget with nothing but text beside it (a tqdm bar) is left out."""
+    out = []
+    for o in outputs:
+        data = o.get('data', {})
+        if WIDGET in data:
+            if 'text/html' not in data: continue
+            o = {**o, 'data': {k: v for k, v in data.items() if k != WIDGET}}
+        out.append(o)
+    return out
 
 
 def plain_notebook(nb: dict, path: Path) -> dict:
