@@ -92,10 +92,19 @@ def find_job(job_id, schedulers=('local', 'slurm')) -> tuple['Launcher', str]:
 
 # %% ../nbs/api/60_monitor.ipynb #e456e093
 def _ended(s, run_dir, rec):
-    "Final state and elapsed time of a job the scheduler no longer lists, from `sacct`, or from the run and its log."
-    import shutil, subprocess
+    "Final state and elapsed time of an ended job: Slurm's `scontrol` or `sacct`, else the run's exit status and its log."
+    import re, shutil, subprocess
     from nxpretrain.launch.launcher import JobState
-    if shutil.which('sacct'):
+    if s.scheduler == 'slurm' and shutil.which('scontrol'):     # Slurm keeps an ended job for MinJobAge (300 s by default)
+        p = subprocess.run(['scontrol', '-o', 'show', 'job', s.job_id], capture_output=True, text=True, timeout=30)
+        kv = dict(re.findall(r'(\w+)=(\S*)', p.stdout)) if p.returncode == 0 else {}
+        if 'RunTime' in kv:
+            from nxpretrain.launch.slurm import job_state
+            t = [int(v) for v in re.split('[-:]', kv['RunTime'])]
+            s.elapsed_s = sum(v * m for v, m in zip(reversed(t), (1, 60, 3600, 86400)))
+            s.state, s.nodes, s.node_list = job_state(kv.get('JobState', '')), int(kv.get('NumNodes', 0) or 0), kv.get('NodeList', '')
+            return s
+    if s.scheduler == 'slurm' and shutil.which('sacct'):
         p = subprocess.run(['sacct', '-X', '-n', '-P', '-j', s.job_id, '-o', 'State,ElapsedRaw,NNodes,NodeList'],
                            capture_output=True, text=True, timeout=30)
         if p.returncode == 0 and (f := p.stdout.strip().splitlines()[:1]) and len(f[0].split('|')) == 4:
@@ -117,7 +126,7 @@ def job_status(job_id, run_dir=None) -> 'JobStatus':
     from nxpretrain.launch.launcher import JobState, find_records
     ln, jid = find_job(job_id)
     s = ln.status(jid)
-    if s.state == JobState.UNKNOWN:
+    if s.state == JobState.UNKNOWN or (s.done and not s.elapsed_s):
         rec = (find_records(jid, ln.scheduler, ln.cluster) or [{}])[0]
         s = _ended(s, run_dir, rec)
     return s
@@ -151,7 +160,7 @@ def status_table(job_id, run_dir=None, max_steps: int | None = None, log_lines: 
     step = f"{p['step']}/{p['max_steps'] or '?'}"
     eta = '0:00:00' if s.done else _hms(p['eta_s'])
     return Table(['job', 'cluster', 'state', 'nodes', 'elapsed', 'step', 'loss', 'tokens/s', 'ETA'],
-                 [[s.job_id, f"{s.scheduler}:{s.cluster}", f"{s.state}" + (f" ({s.reason})" if s.reason and not s.done else ''),
+                 [[s.job_id, f"{s.scheduler}:{s.cluster}", f"{s.state}" + (f" ({s.reason})" if s.reason not in ('', 'None') and not s.done else ''),
                    f"{s.nodes} {s.node_list}".strip(), _hms(s.elapsed_s), step, f"{p['loss']:.4f}",
                    f"{p['tokens_per_s']:.0f}", eta]])
 

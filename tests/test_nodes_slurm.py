@@ -40,3 +40,25 @@ def test_watch_shows_both_nodes(two_nodes, tmp_path):
         assert all(re.search(r'\d+%\s+[\d.]+/[\d.]+ GiB\s+–$', l) for l in lines[1:3]), lines
     finally:
         subprocess.run(['scancel', job])
+
+
+def test_monitor_shows_both_nodes_and_the_end(two_nodes, tmp_path):
+    "`05_monitor`'s job view on a two-node job: both nodes' rows while it runs; its final state and elapsed time after."
+    from nxpretrain import monitor
+    p = subprocess.run(['sbatch', '--parsable', '-N', '2', '-o', str(tmp_path / 'j.log'), '--wrap', 'echo started; sleep 120'],
+                       capture_output=True, text=True, check=True)
+    job = p.stdout.strip().split(';')[0]
+    try:
+        t0 = time.time()
+        while str(monitor.job_status(job).state) != 'RUNNING' and time.time() - t0 < 60: time.sleep(0.5)
+        t = monitor.node_table(job)
+        assert t.header == ['node', 'cpu', 'memory', 'accelerators'] and len(t.rows) == 2, t
+        assert len({r[0] for r in t.rows}) == 2 and all(r[3] == '–' for r in t.rows), t
+        row = monitor.status_table(job).rows[0]
+        assert row[2] == 'RUNNING' and row[3].startswith('2 '), row
+    finally:
+        subprocess.run(['scancel', job])
+    t0 = time.time()
+    while not (s := monitor.job_status(job)).done and time.time() - t0 < 30: time.sleep(0.5)
+    assert str(s.state) == 'CANCELLED' and s.elapsed_s > 0, s
+    assert monitor.status_table(job).rows[0][2] == 'CANCELLED'
