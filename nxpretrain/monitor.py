@@ -9,7 +9,8 @@ from pathlib import Path
 from .train.metrics import METRICS
 
 # %% auto #0
-__all__ = ['events', 'scalars', 'steps', 'plot_run', 'runs']
+__all__ = ['events', 'scalars', 'steps', 'plot_run', 'runs', 'find_job', 'job_status', 'progress', 'status_table', 'log_tail',
+           'node_table', 'show_job']
 
 # %% ../nbs/api/60_monitor.ipynb #f206ad96
 def events(run_dir) -> 'pd.DataFrame':
@@ -65,3 +66,120 @@ def runs(out_dir='runs') -> 'pd.DataFrame':
     rows = [dict(r, checkpoint=Path(r['checkpoint']).name if r['checkpoint'] else '', notebook=(r['notebooks'] or [''])[-1])
             for r in run_index(out_dir)]
     return pd.DataFrame(rows, columns=['run', 'model', 'step', 'loss', 'checkpoint', 'notebook', 'exit_code', 'stopped'])
+
+# %% ../nbs/api/60_monitor.ipynb #fabc685c
+def _other_clusters(job_id, here) -> str:
+    from nxpretrain.launch.launcher import find_records
+    other = sorted({f"{r.get('scheduler', 'slurm')} cluster {r.get('cluster', '')!r}" for r in find_records(job_id)} - set(here))
+    return f"; the index has it from {', '.join(other)}, not from here" if other else ''
+
+def find_job(job_id, schedulers=('local', 'slurm')) -> tuple['Launcher', str]:
+    "(launcher, id) of `job_id` on a cluster that answers here (`scheduler:id` names one); a one-line `LaunchError` if none has it."
+    from nxpretrain.errors import LaunchError
+    from nxpretrain.launch.launcher import find_records, get_launcher
+    head, sep, rest = str(job_id).partition(':')
+    names, jid = ([head], rest) if sep else (list(schedulers), str(job_id))
+    here, why = [], []
+    for name in names:
+        ln = get_launcher(name)
+        if (no := ln.reachable()): why.append(f"{name} ({no})"); continue
+        here.append(f"{name} cluster {ln.cluster!r}")
+        if find_records(jid, name, ln.cluster): return ln, jid
+        if hasattr(ln, '_listed') and ln._listed(jid): return ln, jid       # a job submitted by other means
+    looked = ', '.join(here + why) or 'no scheduler'
+    raise LaunchError(f"job {jid}: no such job on {looked}{_other_clusters(jid, here)};"
+                      " list the jobs here with `nxpretrain jobs`")
+
+# %% ../nbs/api/60_monitor.ipynb #e456e093
+def _ended(s, run_dir, rec):
+    "Final state and elapsed time of a job the scheduler no longer lists, from `sacct`, or from the run and its log."
+    import shutil, subprocess
+    from nxpretrain.launch.launcher import JobState
+    if shutil.which('sacct'):
+        p = subprocess.run(['sacct', '-X', '-n', '-P', '-j', s.job_id, '-o', 'State,ElapsedRaw,NNodes,NodeList'],
+                           capture_output=True, text=True, timeout=30)
+        if p.returncode == 0 and (f := p.stdout.strip().splitlines()[:1]) and len(f[0].split('|')) == 4:
+            st, el, n, nl = f[0].split('|')
+            from nxpretrain.launch.slurm import job_state
+            s.state, s.elapsed_s, s.nodes, s.node_list, s.reason = job_state(st), float(el or 0), int(n or 0), nl, 'from sacct'
+            return s
+    ex = Path(run_dir or '/nonexistent') / 'exit_status.json'
+    if ex.exists():
+        code = json.loads(ex.read_text()).get('code')
+        s.exit_code, s.state = code, JobState.COMPLETED if code == 0 else JobState.FAILED
+        s.reason = 'ended: state from the run\'s exit status'
+    log = Path(s.log or rec.get('log', '') or '/nonexistent')
+    if log.is_file() and rec.get('time'): s.elapsed_s = round(log.stat().st_mtime - rec['time'], 1)
+    return s
+
+def job_status(job_id, run_dir=None) -> 'JobStatus':
+    "The status of `job_id` (see `find_job`); once the scheduler forgets it, its final state and true elapsed time."
+    from nxpretrain.launch.launcher import JobState, find_records
+    ln, jid = find_job(job_id)
+    s = ln.status(jid)
+    if s.state == JobState.UNKNOWN:
+        rec = (find_records(jid, ln.scheduler, ln.cluster) or [{}])[0]
+        s = _ended(s, run_dir, rec)
+    return s
+
+# %% ../nbs/api/60_monitor.ipynb #ff1e3ec2
+def progress(run_dir, max_steps: int | None = None, log: str = '') -> dict:
+    "step, max_steps, loss, tokens/s and ETA (s) of the run in `run_dir`; `max_steps` from `log`'s `step N/M` when not given."
+    import re
+    st = steps(run_dir) if run_dir else None
+    out = dict(step=0, max_steps=max_steps, loss=float('nan'), tokens_per_s=float('nan'), eta_s=None)
+    if (m := re.findall(r'step (\d+)/(\d+)', log or '')) and not max_steps: out['max_steps'] = int(m[-1][1])
+    if st is None or not len(st): return out
+    out.update(step=int(st.index[-1]), loss=float(st['loss'].iloc[-1]))
+    if (Path(run_dir) / 'tb').is_dir() and 'tokens_per_s' in (sc := scalars(run_dir)):
+        out['tokens_per_s'] = float(sc['tokens_per_s'].dropna().iloc[-1])
+    if out['max_steps'] and len(st) > 1:
+        per_step = (st['time'].iloc[-1] - st['time'].iloc[0]) / (st.index[-1] - st.index[0])
+        out['eta_s'] = max(0.0, (out['max_steps'] - out['step']) * per_step)
+    return out
+
+# %% ../nbs/api/60_monitor.ipynb #b085181b
+def _hms(s) -> str:
+    if s is None: return '–'
+    s = int(s); return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+def status_table(job_id, run_dir=None, max_steps: int | None = None, log_lines: int = 200) -> 'Table':
+    "A one-row `Table` of `job_id`: state, nodes, elapsed, step/max, loss, tokens/s, ETA."
+    from nxpretrain.machine import Table
+    s = job_status(job_id, run_dir)
+    p = progress(run_dir, max_steps, log_tail(job_id, log_lines))
+    step = f"{p['step']}/{p['max_steps'] or '?'}"
+    eta = '0:00:00' if s.done else _hms(p['eta_s'])
+    return Table(['job', 'cluster', 'state', 'nodes', 'elapsed', 'step', 'loss', 'tokens/s', 'ETA'],
+                 [[s.job_id, f"{s.scheduler}:{s.cluster}", f"{s.state}" + (f" ({s.reason})" if s.reason and not s.done else ''),
+                   f"{s.nodes} {s.node_list}".strip(), _hms(s.elapsed_s), step, f"{p['loss']:.4f}",
+                   f"{p['tokens_per_s']:.0f}", eta]])
+
+def log_tail(job_id, n: int = 20) -> str:
+    "The last `n` lines of `job_id`'s log (of the cluster `find_job` places it on)."
+    ln, jid = find_job(job_id)
+    return ln.log(jid, n)
+
+# %% ../nbs/api/60_monitor.ipynb #41eb03f1
+def node_table(job_id) -> 'Table':
+    "Per-node CPU, memory and accelerator use of running Slurm job `job_id`."
+    from nxpretrain.errors import LaunchError
+    from nxpretrain.launch.nodes import node_usage, usage_table
+    ln, jid = find_job(job_id)
+    if ln.scheduler != 'slurm': raise LaunchError(f"job {jid}: per-node use is asked through Slurm; this is a {ln.scheduler} job")
+    return usage_table(node_usage(jid))
+
+# %% ../nbs/api/60_monitor.ipynb #0e80f87a
+def show_job(job_id, run_dir=None, max_steps: int | None = None, tail: int = 20, nodes: bool = True):
+    "Display the status table, the log's last `tail` lines and (a running Slurm job) the node table of `job_id`; return its status."
+    from IPython.display import display
+    from nxpretrain.errors import LaunchError
+    from nxpretrain.launch.launcher import JobState
+    s = job_status(job_id, run_dir)
+    display(status_table(job_id, run_dir, max_steps))
+    text = log_tail(job_id, tail)
+    print(f"last {tail} lines of {s.log or 'the log'}:\n{text}" if text else f"no log yet at {s.log or '(none recorded)'}")
+    if nodes and s.state == JobState.RUNNING and s.scheduler == 'slurm':
+        try: display(node_table(job_id))
+        except LaunchError as e: print(f"per-node use: {e}")
+    return s

@@ -4,7 +4,7 @@
 
 # %% ../nbs/api/07_stages.ipynb #af426368
 from __future__ import annotations
-import os, shutil, sys
+import os, shlex, shutil, sys
 from pathlib import Path
 from .recipes import Recipe, get_recipe, override, validate, RecipeError, CATALOG
 from .clusters import profile
@@ -12,7 +12,7 @@ from .plan import plan, Plan
 from .errors import LaunchError, TrainingError
 
 # %% auto #0
-__all__ = ['load_recipe', 'where_to_train', 'train_stage']
+__all__ = ['load_recipe', 'where_to_train', 'Folded', 'job_summary', 'train_stage', 'one_line_errors']
 
 # %% ../nbs/api/07_stages.ipynb #9d6cb3ca
 def load_recipe(model: str, overrides=(), max_steps: int | None = None, world: int | None = None) -> Recipe:
@@ -36,7 +36,36 @@ def where_to_train(r: Recipe, cluster: str = '') -> tuple[str, str]:
                     f"and no cluster was given: run this notebook on the cluster's head node with -p cluster <partition>, "
                     f"or pick a CPU recipe (gpt3_tiny, llama3_tiny) to train here")
 
+# %% ../nbs/api/07_stages.ipynb #72c17a17
+class Folded:
+    "Text under a one-line title: folded in a notebook, in full when printed."
+    def __init__(self, title: str, text: str): self.title, self.text = title, text
+    def __str__(self): return f"{self.title}\n\n{self.text}"
+    __repr__ = __str__
+
+    def _repr_html_(self):
+        import html
+        return (f'<details><summary>{html.escape(self.title)}</summary>'
+                f'<pre style="max-height:30em;overflow:auto">{html.escape(self.text)}</pre></details>')
+
+# %% ../nbs/api/07_stages.ipynb #c6d747ca
+def job_summary(job, job_id: str, model: str, log: str = '') -> str:
+    "The lines that say where submitted `job` went and how to follow it."
+    what = f"{job.tasks} tasks" if job.tasks else f"{job.nodes} node(s) × {job.devices_per_node} devices"
+    pm = (f"papermill nbs/05_monitor.ipynb runs/monitor.ipynb -p model {shlex.quote(str(model))} "
+          f"-p out_dir {shlex.quote(str(job.out_dir))} -p job {shlex.quote(str(job_id))}")
+    return (f"submitted as {job.scheduler} job {job_id} ({job.name}) on {job.profile}{f' partition {job.partition}' if job.partition else ''}, {what}\n"
+            f"  log      {log or job.log}\n  run      {job.run_dir or job.out_dir}\n  follow   {pm}\n"
+            f"           nxpretrain watch {shlex.quote(str(job_id))}")
+
 # %% ../nbs/api/07_stages.ipynb #de3e6000
+def _show_job(job, show, verb: str):
+    "The job's script (and on trn1 the script srun runs on every node), each folded under its title."
+    show(Folded(f"The job {verb}: {job.script_path} ({len(str(job).splitlines())} lines)", str(job)))
+    if profile(job.profile).backend == 'xla':
+        show(Folded(f"{job.argv[0]} (what srun runs on every node; config: {job.recipe_path})", Path(job.argv[0]).read_text()))
+
+# %% ../nbs/api/07_stages.ipynb #5eff045e
 def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 cluster: str = '',         # profile/partition to submit to (its scheduler's launcher); '' = none
                 overrides=(),              # dotted overrides, e.g. ['optim.lr=1e-3']
@@ -71,16 +100,34 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         done = run_local(job)
         if done.exit_code: raise TrainingError(f"training with torchrun failed (exit {done.exit_code}); log: {done.log}")
         return job
-    print(f"\nThe job {'submitted' if action == 'submit' and not test_only else 'it would submit'} ({job.script_path}):\n")
-    print(job)
-    if profile(r.cluster.profile).backend == 'xla':
-        print(f"\n{job.argv[0]} (what srun runs on every node; config: {job.recipe_path}):\n")
-        print(Path(job.argv[0]).read_text())
-    if action == 'stop': return job
-    launcher = get_launcher(job.scheduler)
-    if test_only:
-        print(f"\nthe {job.scheduler} answer (nothing submitted): {launcher.check(job)}")
-        return job
-    job_id = launcher.submit(job)
-    print(f"\nsubmitted as {job.scheduler} job {job_id}: follow it with 05_monitor (papermill nbs/05_monitor.ipynb runs/monitor.ipynb -p job {job_id})")
-    return job_id
+    job_id = None
+    if action == 'submit' and not test_only:          # the summary first, the script after it (folded in a notebook)
+        launcher = get_launcher(job.scheduler)
+        job_id = launcher.submit(job)
+        print('\n' + job_summary(job, job_id, model, launcher.log_path(job_id)))
+    _show_job(job, show, 'submitted' if job_id else 'it would submit')
+    if job_id is not None or action == 'stop': return job_id if job_id is not None else job
+    print(f"\nthe {job.scheduler} answer (nothing submitted): {get_launcher(job.scheduler).check(job)}")
+    return job
+
+# %% ../nbs/api/07_stages.ipynb #b56db6c6
+def _one_line(shell, etype, evalue, tb, tb_offset=None) -> list[str]:
+    "IPython's handler for nxpretrain's errors: shows the error's one line as the whole traceback, and returns it."
+    stb = [f"{etype.__name__}: {evalue}"]
+    if shell is not None: shell._showtraceback(etype, evalue, stb)   # the kernel sends it as the cell's error output
+    return stb
+
+
+def one_line_errors(shell=None) -> bool:
+    "Make `shell` (this Jupyter kernel's) end a cell that raised an nxpretrain error with its one line; True if it did."
+    from nxpretrain.errors import NxpError
+    if shell is None:
+        try: from IPython import get_ipython
+        except ImportError: return False
+        shell = get_ipython()
+    if shell is None or getattr(shell, 'kernel', None) is None: return False
+    shell.set_custom_exc((NxpError,), _one_line)
+    return True
+
+
+one_line_errors()   # on import: every stage notebook imports this module

@@ -28,7 +28,7 @@ def lab(tmp_path):
     "JupyterLab on 127.0.0.1 serving a folder with a copy of the stage notebook; (base url, token, folder)."
     if why := why_no_browser(): pytest.skip(why)
     from nxpretrain.lab import free_port, lab_argv
-    shutil.copy(ROOT / 'nbs/04_train.ipynb', tmp_path / '04_train.ipynb')
+    for nb in ('04_train', '02_plan'): shutil.copy(ROOT / f'nbs/{nb}.ipynb', tmp_path / f'{nb}.ipynb')
     port, token = free_port(18990), secrets.token_hex(16)
     env = {**os.environ, 'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', '')}
     env.pop('IN_TEST', None)
@@ -121,3 +121,24 @@ def test_04_train_in_jupyterlab(lab, browser):
     assert re.search(r'loss [\d.]+ → [\d.]+ over 12 steps', outputs), outputs[-2000:]
     assert img[0].size['width'] > 600 and img[0].get_attribute('src').startswith('data:image/png')
     assert (folder / 'runs/gpt3_tiny/checkpoints/step_12').is_dir()
+
+
+@pytest.mark.skipif(not os.environ.get('NXP_SLOW'), reason='NXP_SLOW=1: 02_plan in the browser (about 40 s more)')
+def test_02_plan_in_jupyterlab(lab, browser):
+    "02_plan run all from the Run menu: every cell runs, no error output, its tables shown."
+    url, token, folder = lab
+    d = browser
+    d.get(f'{url}/lab/tree/02_plan.ipynb?token={token}')
+    status = lambda: ' '.join(e.text for e in d.find_elements(By.CSS_SELECTOR, '#jp-main-statusbar'))
+    assert wait_for(lambda: 'Idle' in status(), 90), f'the kernel did not start: {status()}'
+    click_menu(d, 'Run', 'Run All Cells')
+    prompts = lambda: [e.text for e in d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
+    # Run All leaves the last cell active and in view (JupyterLab renders only the cells in view): done when it has run
+    finished = lambda: 'Idle' in status() and not any('*' in p for p in prompts()) and re.fullmatch(r'\[\d+\]:', prompts()[-1])
+    done = wait_for(lambda: finished() and (time.sleep(2) or finished()), 240)
+    shot(d, '02_plan-done.png')
+    assert done, prompts()
+    outputs = ' '.join(e.text for e in d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea'))
+    assert 'Traceback' not in outputs and 'Error displaying widget' not in outputs, outputs[-2000:]
+    assert not d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.error"]')
+    assert d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea table'), 'no table in the outputs'

@@ -92,6 +92,8 @@ def test_a_scheduler_defined_here_is_used_by_stages_and_cli(dummy, tmp_path):
     with contextlib.redirect_stdout(io.StringIO()) as out: jid = train_stage('gpt3_tiny', 'dummy-cpu', TINY, out_dir=str(tmp_path / 'runs'))
     assert jid == 'd1' and 'submitted as dummy job d1' in out.getvalue(), out.getvalue()[-1500:]
     job = dummy.submitted['d1']
+    said = out.getvalue()   # the summary first (id, log, the exact 05_monitor call with out_dir), the script after it
+    assert f"-p out_dir {job.out_dir} -p job d1" in said and said.index('submitted as dummy job d1') < said.index('# dummy job nxp-train')
     assert job.scheduler == 'dummy' and job.script_path.suffix == '.yaml' and job.script_path.read_text().startswith('# dummy job nxp-train-gpt3_tiny')
     assert '#SBATCH' not in job.script and 'corpus: synthetic' in job.recipe_path.read_text()
     # the command line: submit, list, status by id, log, cancel – all through the dummy launcher

@@ -39,3 +39,22 @@ def test_the_engine_composes_its_concern_modules():
     attached = [n for n in tree.body if isinstance(n, ast.Assign) and any(
         isinstance(t, ast.Attribute) and getattr(t.value, 'id', '') == 'ParallelModel' for t in n.targets)]
     assert not attached, 'ParallelModel methods belong in its class body'
+
+
+def _is_import(line: str) -> bool:
+    return line.startswith('import ') or (line.startswith('from ') and ' import ' in line)
+
+
+def test_notebook_imports_stand_in_cells_of_their_own():
+    """nbdev's docs render runs a notebook's import cells without the cells before them: a cell that mixes imports with
+    other code fails there (its API page loses its reference) and warns on every build."""
+    import json
+    mixed = []
+    for nb in sorted((PKG.parent / 'nbs').rglob('*.ipynb')):
+        if {'.ipynb_checkpoints', 'runs', '_exec'} & set(nb.parts): continue   # outputs, not sources
+        for i, cell in enumerate(json.loads(nb.read_text())['cells']):
+            src = ''.join(cell['source'])
+            if cell['cell_type'] != 'code' or re.search(r'^#\|\s*export', src, re.M): continue
+            code = [l for l in src.splitlines() if l.strip() and not l.startswith('#')]
+            if any(map(_is_import, code)) and not all(map(_is_import, code)): mixed.append(f"{nb.relative_to(PKG.parent)} cell {i}")
+    assert not mixed, mixed

@@ -58,11 +58,13 @@ step_readme() {
   python3 tools/docs.py readme --check
 }
 
+# Every notebook runs: the API notebooks as nbdev-test runs them, the stage notebooks through papermill with the docs
+# site's CPU parameters. The executions are cached in _exec/ (by content), so the docs build in pytest reuses them.
 step_nbtest() {
-  local args=(--n-workers "${NXP_TEST_WORKERS:-2}")
+  local args=(--workers "${NXP_TEST_WORKERS:-2}")
   [ -n "${NXP_TEST_FLAGS:-}" ] && args+=(--flags "$NXP_TEST_FLAGS")
-  if ! nbdev-test "${args[@]}"; then
-    say "FAIL: nbdev-test – the notebook(s) named above failed; run nbdev-test --file-glob NAME.ipynb to repeat one"
+  if ! python3 tools/docs.py execute "${args[@]}"; then
+    say "FAIL: notebooks – the notebook(s) named above failed; nbdev-test --file-glob NAME.ipynb repeats one"
     return 1
   fi
 }

@@ -88,12 +88,12 @@ def _descendants(pid: int) -> list[int]:
 def _record_status(rec: dict, cluster: str) -> JobStatus:
     d = Path(rec['state_dir'])
     code_file, started = d / 'exit_code', d / 'started'
+    alive = _start_ticks(rec['pid']) == rec['start_ticks']   # before the exit code: a job ending between the two reads is seen ended with its code
     code = int(code_file.read_text().strip() or 1) if code_file.exists() else None
     t0 = float(started.read_text().strip() or 0) if started.exists() else None
     end = code_file.stat().st_mtime if code_file.exists() else time.time()
     s = JobStatus(rec['id'], JobState.UNKNOWN, 'local', cluster, rec['name'], log=rec['log'], exit_code=code,
                   elapsed_s=round(end - t0, 1) if t0 else 0, nodes=1, node_list=cluster)
-    alive = _start_ticks(rec['pid']) == rec['start_ticks']
     if not d.is_dir() and not alive: s.reason = f"its job folder {rec['out_dir']} is gone"   # UNKNOWN: nothing left to tell
     elif (d / 'cancelled').exists() and (code is not None or not alive): s.state, s.reason = JobState.CANCELLED, 'cancelled'
     elif code == 0: s.state = JobState.COMPLETED

@@ -4,11 +4,11 @@
 
 # %% ../../nbs/api/42_metrics.ipynb #b6624c66
 from __future__ import annotations
-import math
+import math, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['METRICS', 'progress_postfix', 'Progress', 'Scalars', 'cpu_bf16_ok']
+__all__ = ['METRICS', 'progress_postfix', 'ProgressView', 'Progress', 'Scalars', 'cpu_bf16_ok']
 
 # %% ../../nbs/api/42_metrics.ipynb #b7649ad7
 METRICS = dict(
@@ -34,24 +34,104 @@ def progress_postfix(loss_window: list[float], loss: float, lr: float, step: int
     return ', '.join(f"{k}={v}" for k, v in items.items())
 
 # %% ../../nbs/api/42_metrics.ipynb #b965046d
-class Progress:
-    "The seeds' progress bar on rank 0 (silent elsewhere) plus a plain log line every `log_every` steps."
-    def __init__(self, total: int, initial: int = 0, epoch: int = 0, enabled: bool = True, file=None):
-        self.bar = None
-        if enabled:
-            from tqdm.auto import tqdm
-            self.bar = tqdm(total=total, initial=initial, desc=f"Epoch {epoch}", dynamic_ncols=False, file=file, mininterval=0.5)
-        self.losses: list[float] = []
+def _clock(s: float) -> str:
+    s = int(max(s, 0))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
-    def update(self, loss: float, lr: float, step: int, consumed: int, epoch: int = 0, **extra):
+# %% ../../nbs/api/42_metrics.ipynb #21470492
+class ProgressView:
+    "One state of training progress, shown as HTML (a bar and a line) or as text."
+    def __init__(self, step: int, total: int, loss: float, tokens_per_s: float, elapsed_s: float, eta_s: float | None):
+        self.step, self.total, self.loss, self.tokens_per_s = step, total, loss, tokens_per_s
+        self.elapsed_s, self.eta_s = elapsed_s, eta_s
+
+    def __repr__(self):
+        when = 'done' if self.step >= self.total else f"ETA {_clock(self.eta_s)}" if self.eta_s is not None else 'ETA ?'
+        return (f"step {self.step}/{self.total} | loss {self.loss:.4f} | {self.tokens_per_s:,.0f} tokens/s | "
+                f"elapsed {_clock(self.elapsed_s)} | {when}")
+
+    def _repr_html_(self):
+        import html
+        return (f'<div class="nxp-progress"><progress value="{self.step}" max="{self.total}" style="width:16em"></progress>'
+                f' <code>{html.escape(repr(self))}</code></div>')
+
+# %% ../../nbs/api/42_metrics.ipynb #03068a06
+def _in_kernel() -> bool:
+    "True inside a Jupyter kernel (JupyterLab, papermill), where displays can be replaced in place."
+    try: from IPython import get_ipython
+    except ImportError: return False
+    ip = get_ipython()
+    return ip is not None and getattr(ip, 'kernel', None) is not None
+
+# %% ../../nbs/api/42_metrics.ipynb #9f7d0fa9
+def _html(text: str) -> str:
+    import html
+    return html.escape(text)
+
+
+def _progress_widget(total: int, initial: int):
+    "A bar and a line (ipywidgets), or None where ipywidgets is not installed."
+    try: import ipywidgets as w
+    except ImportError: return None
+    return w.HBox([w.IntProgress(min=0, max=max(total, 1), value=initial), w.HTML('')])
+
+
+class _WidgetWithText:
+    "A widget's output that also carries the progress line as HTML and text (shown where the widget cannot be)."
+    def __init__(self, widget, view: ProgressView): self.widget, self.view = widget, view
+
+    def _repr_mimebundle_(self, **kw):
+        data = {'text/html': self.view._repr_html_(), 'text/plain': repr(self.view)}
+        if self.widget is not None:
+            data.update({k: v for k, v in self.widget._repr_mimebundle_(**kw).items() if k != 'text/plain'})
+        return data
+
+# %% ../../nbs/api/42_metrics.ipynb #1aa8b2a7
+class Progress:
+    """Training progress on rank 0 (silent elsewhere): a line replaced in place in a notebook, a tqdm line in a terminal
+    or a job log. The trainer's own log line every `log_every` steps comes on top."""
+    def __init__(self, total: int, initial: int = 0, enabled: bool = True, file=None, tokens_per_step: int = 0,
+                 every_s: float = 0.5):
+        self.total, self.initial, self.tokens_per_step, self.every_s = total, initial, tokens_per_step, every_s
+        self.losses: list[float] = []
+        self.bar = self.view = self.widget = None
+        self.t0, self.shown = time.perf_counter(), 0.0
+        if not enabled: return
+        if file is None and _in_kernel():
+            from IPython.display import display
+            self.widget = _progress_widget(total, initial)
+            self.view = display(_WidgetWithText(self.widget, self.state(initial, math.nan)), display_id=True)
+        else:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, initial=initial, dynamic_ncols=False, file=file, mininterval=0.5)
+
+    def state(self, step: int, loss: float) -> ProgressView:
+        "The progress at `step`: tokens/s and ETA over the steps this run has made."
+        el = time.perf_counter() - self.t0
+        done = step - self.initial
+        tps = done * self.tokens_per_step / el if done and el > 0 else 0.0
+        eta = (self.total - step) * el / done if done else None
+        return ProgressView(step, self.total, loss, tps, el, eta)
+
+    def update(self, loss: float, lr: float, step: int, consumed: int, **extra):
         self.losses.append(loss)
-        if self.bar is None: return
-        self.bar.set_description(f"Epoch {epoch}", refresh=False)
-        self.bar.set_postfix_str(progress_postfix(self.losses, loss, lr, step, consumed, **extra), refresh=False)
-        self.bar.update(1)
+        if self.bar is not None:
+            self.bar.set_postfix_str(progress_postfix(self.losses, loss, lr, step, consumed, **extra), refresh=False)
+            self.bar.update(1)
+        elif self.view is not None and (step >= self.total or time.perf_counter() - self.shown >= self.every_s):
+            self._show(self.state(step, loss))
+            self.shown = time.perf_counter()
+
+    def _show(self, view: ProgressView, final: bool = False):
+        if self.widget is None: return self.view.update(view)
+        bar, label = self.widget.children
+        bar.value, label.value = view.step, f"<code>{_html(repr(view))}</code>"
+        if final: self.view.update(_WidgetWithText(self.widget, view))   # the saved output's text: the last state
 
     def close(self):
         if self.bar is not None: self.bar.close()
+        elif self.view is not None and self.losses:
+            self._show(self.state(self.initial + len(self.losses), self.losses[-1]), final=True)
 
 # %% ../../nbs/api/42_metrics.ipynb #edc01847
 class Scalars:

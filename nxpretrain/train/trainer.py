@@ -249,8 +249,8 @@ class Trainer:
         self.train_ds, self.valid_ds, _ = self.datasets or build_datasets(self.recipe, self.max_steps * d.global_batch)
         self.setup_s = dict(distributed=t_model - self.t_entry, model_and_resume=t_data - t_model, data=time.perf_counter() - t_data)
         self.result = TrainResult(out_dir=str(self.run_dir), start_step=self.state.step, final_step=self.state.step)
-        epoch = self.state.consumed_samples // len(self.train_ds)
-        self.prog = Progress(self.max_steps, self.state.step, epoch, enabled=self.progress and self.is_main)
+        self.prog = Progress(self.max_steps, self.state.step, enabled=self.progress and self.is_main,
+                             tokens_per_step=self.recipe.data.global_batch * self.recipe.model.seq_len)
         self.scalars = Scalars(self.run_dir / 'tb', enabled=self.is_main, log=self.log)
         self.steps_log = open(self.run_dir / STEPS_FILE, 'a', buffering=1) if self.is_main else None
         self.step_time = self.win_time = 0.0
@@ -306,7 +306,7 @@ class Trainer:
         if self.steps_log:
             self.steps_log.write(json.dumps(dict(step=s.step, loss=loss, lr=lr, grad_norm=gnorm.item(),
                                                  consumed_samples=s.consumed_samples, time=time.time())) + '\n')
-        self.prog.update(loss, lr, s.step, s.consumed_samples, s.consumed_samples // len(self.train_ds))
+        self.prog.update(loss, lr, s.step, s.consumed_samples)
         if not (s.step % r.trainer.log_every == 0 or s.step == self.max_steps):
             self.scalars.write(s.step, loss=loss, lr=lr)
             return

@@ -1,0 +1,46 @@
+"""The monitor never shows one job's data under another job's id: the job index holds jobs of several clusters with the
+same id, and the monitor answers only with the one of the cluster that answers here, or a one-line error naming where
+it looked."""
+import json, socket, time
+from pathlib import Path
+import pytest
+from nxpretrain.errors import LaunchError
+from nxpretrain.launch.launcher import find_records
+from nxpretrain import monitor
+
+
+def _record(home: Path, jid, scheduler, cluster, code=0):
+    "A finished job of `cluster` in the index, with a log that names its cluster."
+    d = home / f"{scheduler}-{cluster}-{jid}"
+    (d / 'state').mkdir(parents=True)
+    (d / 'job.log').write_text(''.join(f"{cluster} line {i}\n" for i in range(50)))
+    (d / 'state' / 'started').write_text(str(time.time() - 30))
+    (d / 'state' / 'exit_code').write_text(str(code))
+    rec = dict(id=jid, scheduler=scheduler, cluster=cluster, name='j', kind='train', log=str(d / 'job.log'), out_dir=str(d),
+               tasks=0, time=time.time() - 31, pid=1, start_ticks=-1, state_dir=str(d / 'state'))
+    with open(home / 'jobs.jsonl', 'a') as f: f.write(json.dumps(rec) + '\n')
+
+
+def test_two_clusters_with_the_same_job_id(tmp_path, monkeypatch):
+    monkeypatch.setenv('NXPRETRAIN_HOME', str(tmp_path))
+    here = socket.gethostname()
+    _record(tmp_path, 'local-0001', 'local', here)
+    _record(tmp_path, 'local-0001', 'local', 'other-host', code=1)       # the same id from another machine, newer
+    _record(tmp_path, '4242', 'slurm', 'alpha')                           # a Slurm job of a cluster that does not answer here
+    assert len(find_records('local-0001')) == 2
+    # this machine's job, its log and its status, never the other's
+    tail = monitor.log_tail('local-0001', 5)
+    assert tail.splitlines() == [f"{here} line {i}" for i in range(45, 50)], tail
+    s = monitor.job_status('local-0001')
+    assert (str(s.state), s.cluster, s.exit_code) == ('COMPLETED', here, 0) and s.elapsed_s > 0, s
+    row = monitor.status_table('local-0001').rows[0]
+    assert row[:3] == ['local-0001', f"local:{here}", 'COMPLETED'] and row[4] != '0:00:00', row
+    # ids this machine did not give: one line naming where the monitor looked and where the index has them
+    for jid, other in (('local-0002', None), ('4242', "slurm cluster 'alpha'")):
+        with pytest.raises(LaunchError) as e: monitor.log_tail(jid)
+        msg = str(e.value)
+        assert '\n' not in msg and f"local cluster '{here}'" in msg and 'slurm' in msg, msg
+        if other: assert f"the index has it from {other}" in msg, msg
+    _record(tmp_path, 'local-0003', 'local', 'other-host')
+    with pytest.raises(LaunchError, match="other-host") as e: monitor.status_table('local-0003')
+    assert 'other-host line' not in str(e.value)
