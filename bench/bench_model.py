@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from nxpretrain.recipes import get_recipe, padded_vocab, override
 from nxpretrain.models import build_model, count_parameters
 from nxpretrain.models.hf import to_hf_config, from_hf_state_dict
-from nxpretrain.perf import measure_matmul_tflops, model_flops_per_token
+from nxpretrain.perf import measure_matmul_tflops, model_flops_per_token, step_profile
 
 def parse():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,6 +33,7 @@ def parse():
     p.add_argument('--compile', action='store_true', help='also time torch.compile of our model (inductor)')
     p.add_argument('--force-bf16', action='store_true', help='run bf16 rows even where bf16 matmuls are slow')
     p.add_argument('--peak-seconds', type=float, default=2.0)
+    p.add_argument('--profile', action='store_true', help='also print where each step spends its time (torch.profiler)')
     return p.parse_args()
 
 def trainer(forward, model, tokens, bf16):
@@ -60,6 +61,14 @@ def engine_trainer(model, tokens, bf16, recipe, state):
         return loss.item()
     return step
 
+def print_profiles(profiles: dict):
+    "A markdown table: share of each step's wall time per kind of work, one column per (precision, model)."
+    kinds = [k for k in next(iter(profiles.values())) if k != 'step_s']
+    print('\n| kind | ' + ' | '.join(f'{p} {m}' for p, m in profiles) + ' |')
+    print('| --- |' + ' --- |' * len(profiles))
+    for kind in kinds: print(f'| {kind} | ' + ' | '.join(f'{v[kind]:.1%}' for v in profiles.values()) + ' |')
+    print('| step, s | ' + ' | '.join(f"{v['step_s']:.3f}" for v in profiles.values()) + ' |')
+
 def main():
     a = parse()
     import transformers as T
@@ -71,6 +80,9 @@ def main():
     from nxpretrain.parallel.state import parallel_session
     session = parallel_session(recipe, 'cpu'); state = session.__enter__()   # a world of one for the engine rows
     V = padded_vocab(cfg)
+    flags = next((l.split(':', 1)[1].split() for l in open('/proc/cpuinfo') if l.startswith('flags')), [])
+    print(f"CPU flags: {' '.join(f for f in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16') if f in flags)}; load average "
+          f"{os.getloadavg()[0]:.2f} (on a shared machine these are not idle-machine figures)")
     print(f"torch {torch.__version__}, transformers {T.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{a.threads} threads, batch {a.batch} × seq {a.seq}")
     peaks = {p: measure_matmul_tflops({'fp32': torch.float32, 'bf16': torch.bfloat16}[p], seconds=a.peak_seconds) for p in ('fp32', 'bf16')}
@@ -82,7 +94,7 @@ def main():
     n = count_parameters(ours); fpt = model_flops_per_token(cfg, V)
     print(f"model: {n / 1e6:.1f}M parameters (HF {hf.num_parameters() / 1e6:.1f}M), {fpt / 1e6:.1f} MFLOP per token (6·N + attention)")
     tokens = torch.randint(0, cfg.vocab_size, (a.batch, a.seq + 1))
-    rows = []
+    rows, profiles = [], {}
     for prec in a.precision.split(','):
         bf16 = prec == 'bf16'
         if bf16 and peaks['bf16'] < peaks['fp32'] and not a.force_bf16:
@@ -106,6 +118,7 @@ def main():
             for k, s in steps.items():
                 t0, c0 = time.perf_counter(), time.process_time(); s()
                 times[k].append(time.perf_counter() - t0); cpu[k].append(time.process_time() - c0)
+        if a.profile: profiles.update({(prec, k): step_profile(s) for k, s in steps.items() if 'compiled' not in k})
         base, base_cpu = statistics.median(times['HF GPT2LMHeadModel']), statistics.median(cpu['HF GPT2LMHeadModel'])
         for k, ts in times.items():
             med, med_cpu = statistics.median(ts), statistics.median(cpu[k]); tps = a.batch * a.seq / med
@@ -118,6 +131,7 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for prec, k, tps, ratio, tpc, ratio_cpu, m, loss in rows:
         print(f"| {prec} | {k} | {tps:.0f} | {ratio:.2f} | {tpc:.0f} | {ratio_cpu:.2f} | {m:.2f} | {loss:.4f} |")
+    if profiles: print_profiles(profiles)
     session.__exit__(None, None, None)
     print("\nCPU time (process_time, all threads) is less sensitive than wall time to other processes on a shared machine; "
           "a ratio > 1 means nxpretrain is faster.")

@@ -10,7 +10,7 @@ from .recipes import ModelConfig, padded_vocab
 from .plan import flops_per_token
 
 # %% auto #0
-__all__ = ['measure_matmul_tflops', 'peak_tflops', 'bf16_is_fast', 'model_flops_per_token', 'mfu']
+__all__ = ['STEP_KINDS', 'measure_matmul_tflops', 'peak_tflops', 'bf16_is_fast', 'model_flops_per_token', 'mfu', 'step_profile']
 
 # %% ../nbs/api/29_perf.ipynb #7cea397d
 def _sync(device: torch.device):
@@ -64,3 +64,35 @@ def model_flops_per_token(cfg: ModelConfig, vocab_size: int | None = None, seq_l
 def mfu(tokens_per_s: float, cfg: ModelConfig, peak: float, vocab_size: int | None = None, seq_len: int | None = None) -> float:
     "Model FLOPs utilisation: achieved model FLOP/s ÷ `peak` TFLOP/s (per device: pass per-device tokens/s)."
     return tokens_per_s * model_flops_per_token(cfg, vocab_size, seq_len) / (peak * 1e12)
+
+# %% ../nbs/api/29_perf.ipynb #bbf407aa
+STEP_KINDS = {   # operator name fragments of each kind, first match wins (the optimizer is found by its range)
+    'matmul': ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::baddbmm', 'mkldnn', 'aten::_weight_int'),
+    'attention': ('scaled_dot_product', 'flash_attention', 'efficient_attention', 'aten::_softmax', 'softmax_backward'),
+    'norm': ('layer_norm', 'rsqrt', 'aten::pow', 'aten::mean', 'rms_norm'),
+    'cast': ('aten::_to_copy', 'aten::to', 'aten::copy_'),
+    'loss': ('cross_entropy', 'log_softmax', 'nll_loss'),
+}
+
+def _kind(event) -> str:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith('Optimizer.step'): return 'optimizer'
+        parent = parent.cpu_parent
+    for kind, names in STEP_KINDS.items():
+        if any(n in event.name for n in names): return kind
+    return 'other ops'
+
+def step_profile(step, steps: int = 2) -> dict:
+    "{kind: share of the wall time} of `steps` calls of `step()` (after one warm-up call), plus 'overhead' and 'step_s'."
+    from torch.profiler import profile, ProfilerActivity
+    step()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps): step()
+    wall = (time.perf_counter() - t0) * 1e6
+    shares = dict.fromkeys([*STEP_KINDS, 'optimizer', 'other ops'], 0.0)
+    for e in prof.events():
+        if e.name.startswith('aten::') or e.name.startswith('mkldnn'): shares[_kind(e)] += e.self_cpu_time_total / wall
+    shares['overhead'] = max(0.0, 1 - sum(shares.values()))
+    return {**shares, 'step_s': wall / 1e6 / steps}
