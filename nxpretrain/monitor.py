@@ -10,7 +10,7 @@ from .train.metrics import METRICS
 
 # %% auto #0
 __all__ = ['events', 'scalars', 'steps', 'plot_run', 'runs', 'find_job', 'job_status', 'progress', 'status_table', 'log_tail',
-           'node_table', 'show_job']
+           'node_table', 'show_job', 'follow_job']
 
 # %% ../nbs/api/60_monitor.ipynb #f206ad96
 def events(run_dir) -> 'pd.DataFrame':
@@ -133,11 +133,11 @@ def job_status(job_id, run_dir=None) -> 'JobStatus':
 
 # %% ../nbs/api/60_monitor.ipynb #ff1e3ec2
 def progress(run_dir, max_steps: int | None = None, log: str = '') -> dict:
-    "step, max_steps, loss, tokens/s and ETA (s) of the run in `run_dir`; `max_steps` from `log`'s `step N/M` when not given."
+    "step, max_steps, loss, tokens/s and ETA (s) of the run in `run_dir`; max steps from `log`'s last `step N/M`, else `max_steps`."
     import re
     st = steps(run_dir) if run_dir else None
     out = dict(step=0, max_steps=max_steps, loss=float('nan'), tokens_per_s=float('nan'), eta_s=None)
-    if (m := re.findall(r'step (\d+)/(\d+)', log or '')) and not max_steps: out['max_steps'] = int(m[-1][1])
+    if m := re.findall(r'step (\d+)/(\d+)', log or ''): out['max_steps'] = int(m[-1][1])   # what the job runs to
     if st is None or not len(st): return out
     out.update(step=int(st.index[-1]), loss=float(st['loss'].iloc[-1]))
     if (Path(run_dir) / 'tb').is_dir() and 'tokens_per_s' in (sc := scalars(run_dir)):
@@ -191,4 +191,35 @@ def show_job(job_id, run_dir=None, max_steps: int | None = None, tail: int = 20,
     if nodes and s.state == JobState.RUNNING and s.scheduler == 'slurm':
         try: display(node_table(job_id))
         except LaunchError as e: print(f"per-node use: {e}")
+    return s
+
+# %% ../nbs/api/60_monitor.ipynb #d3e8e9ba
+class _Text:
+    "Text shown as it is, in a notebook and in a terminal."
+    def __init__(self, text): self.text = text
+    def __repr__(self): return self.text
+
+def _job_view(job_id, run_dir, max_steps, tail):
+    "(status, [status table, log tail, curves]) of `job_id` now."
+    import matplotlib.pyplot as plt
+    s = job_status(job_id, run_dir)
+    fig = None
+    if run_dir and (Path(run_dir) / 'tb').is_dir():
+        fig = plot_run(run_dir); plt.close(fig)              # shown through its display id, not again at the cell's end
+    log = log_tail(job_id, tail)
+    return s, [status_table(job_id, run_dir, max_steps), _Text(log or 'no log yet'), fig or _Text('no curves yet')]
+
+def follow_job(job_id, run_dir=None, max_steps: int | None = None, every: float = 5, tail: int = 10,
+               timeout: float = 7 * 86400):
+    "Show `job_id`'s status table, log tail and curves, redrawn in place every `every` s until it ends; return the final status."
+    import time
+    from IPython.display import DisplayHandle
+    s, views = _job_view(job_id, run_dir, max_steps, tail)
+    handles = [DisplayHandle() for _ in views]
+    for h, v in zip(handles, views): h.display(v)
+    t0 = time.time()
+    while not s.done and time.time() - t0 < timeout:
+        time.sleep(every)
+        s, views = _job_view(job_id, run_dir, max_steps, tail)
+        for h, v in zip(handles, views): h.update(v)
     return s

@@ -44,3 +44,26 @@ def test_two_clusters_with_the_same_job_id(tmp_path, monkeypatch):
     _record(tmp_path, 'local-0003', 'local', 'other-host')
     with pytest.raises(LaunchError, match="other-host") as e: monitor.status_table('local-0003')
     assert 'other-host line' not in str(e.value)
+
+
+def test_follow_redraws_until_the_job_ends(tmp_path, monkeypatch, capsys):
+    "A live job of this machine writes steps for ~3 s: `follow_job` redraws while it runs and ends on its final state."
+    import subprocess
+    from nxpretrain.launch.local import _start_ticks
+    monkeypatch.setenv('NXPRETRAIN_HOME', str(tmp_path))
+    run, state = tmp_path / 'run', tmp_path / 'state'
+    run.mkdir(); state.mkdir()
+    script = (f"date +%s > {state}/started; for i in 1 2 3 4 5 6; do "
+              f"echo '{{\"step\": '$i', \"loss\": '$((10 - i))', \"time\": '$(date +%s.%N)'}}' >> {run}/steps.jsonl; "
+              f"echo \"step $i/6 | loss $((10 - i))\" >> {tmp_path}/job.log; sleep 0.5; done; echo 0 > {state}/exit_code")
+    p = subprocess.Popen(['bash', '-c', script], start_new_session=True)
+    rec = dict(id='local-live', scheduler='local', cluster=socket.gethostname(), name='j', kind='train', out_dir=str(tmp_path),
+               log=str(tmp_path / 'job.log'), tasks=0, time=time.time(), pid=p.pid, start_ticks=_start_ticks(p.pid),
+               state_dir=str(state))
+    (tmp_path / 'jobs.jsonl').write_text(json.dumps(rec) + '\n')
+    s = monitor.follow_job('local-live', run, every=0.5, tail=2)
+    p.wait()
+    assert str(s.state) == 'COMPLETED' and s.elapsed_s > 2, s
+    out = capsys.readouterr().out
+    assert out.count('RUNNING') >= 2 and out.rstrip().count('COMPLETED') == 1, out[-3000:]
+    assert out.rfind('COMPLETED') > out.rfind('RUNNING') and 'step 6/6 | loss 4' in out[out.rfind('COMPLETED'):], out[-2000:]
