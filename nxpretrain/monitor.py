@@ -49,7 +49,8 @@ def plot_run(run_dir, figsize=(13, 3.4)):
     fig, (a, b, c) = plt.subplots(1, 3, figsize=figsize)
     if 'loss' in sc: a.plot(sc.index, sc['loss'], label='train', lw=1)
     if 'val_loss' in sc: v = sc['val_loss'].dropna(); a.plot(v.index, v, 'o-', label='validation')
-    a.set(title='loss', xlabel='step'); a.legend()
+    a.set(title='loss', xlabel='step')
+    if a.get_legend_handles_labels()[0]: a.legend()
     if 'lr' in sc: b.plot(sc.index, sc['lr']); b.set(title='learning rate', xlabel='step')
     if 'tokens_per_s' in sc:
         t = sc['tokens_per_s'].dropna(); c.plot(t.index, t, 'o-'); c.set(title='tokens/s (all ranks)', xlabel='step')
