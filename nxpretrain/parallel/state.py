@@ -174,8 +174,15 @@ def parallel_session(recipe: Recipe, device: str | None = None):
         validate(recipe, dist.get_world_size())
         p = recipe.parallel
         state = initialize_model_parallel(p.tp, p.pp, p.cp, device or recipe.trainer.device)
-    try: yield state
+    finished = False
+    try:
+        yield state
+        finished = True
     finally:
+        # After a normal end every rank waits for the others before tearing down: a gloo rank that
+        # closes its pairs while a peer still finishes its last collective aborts the peer (SIGABRT).
+        # After an error the peers may be gone, so no barrier then.
+        if finished and started and dist.get_world_size() > 1: dist.barrier()
         destroy_model_parallel()
         if started and dist.is_initialized(): dist.destroy_process_group()
 
