@@ -10,7 +10,7 @@ from .train.metrics import METRICS
 
 # %% auto #0
 __all__ = ['events', 'scalars', 'steps', 'plot_run', 'runs', 'find_job', 'job_status', 'progress', 'status_table', 'log_tail',
-           'node_table', 'show_job', 'follow_job']
+           'node_table', 'show_job', 'JobWatch', 'follow_job', 'watch_job']
 
 # %% ../nbs/api/60_monitor.ipynb #f206ad96
 def events(run_dir) -> 'pd.DataFrame':
@@ -180,47 +180,112 @@ def node_table(job_id) -> 'Table':
     return usage_table(node_usage(jid))
 
 # %% ../nbs/api/60_monitor.ipynb #0e80f87a
-def show_job(job_id, run_dir=None, max_steps: int | None = None, tail: int = 20, nodes: bool = True):
-    "Display the status table, the log's last `tail` lines and (a running Slurm job) the node table of `job_id`; return its status."
-    from IPython.display import display
-    from nxpretrain.errors import LaunchError
-    from nxpretrain.launch.launcher import JobState
-    s = job_status(job_id, run_dir)
-    display(status_table(job_id, run_dir, max_steps))
-    text = log_tail(job_id, tail)
-    print(f"last {tail} lines of {s.log or 'the log'}:\n{text}" if text else f"no log yet at {s.log or '(none recorded)'}")
-    if nodes and s.state == JobState.RUNNING and s.scheduler == 'slurm':
-        try: display(node_table(job_id))
-        except LaunchError as e: print(f"per-node use: {e}")
-    return s
-
-# %% ../nbs/api/60_monitor.ipynb #d3e8e9ba
 class _Text:
     "Text shown as it is, in a notebook and in a terminal."
     def __init__(self, text): self.text = text
     def __repr__(self): return self.text
 
-def _job_view(job_id, run_dir, max_steps, tail):
-    "(status, [status table, log tail, curves]) of `job_id` now."
+def _node_view(s, job_id):
+    "The node table of running Slurm job `job_id`, a line saying why there is none, or None (no Slurm job running)."
+    from nxpretrain.errors import LaunchError
+    from nxpretrain.launch.launcher import JobState
+    if s.state != JobState.RUNNING or s.scheduler != 'slurm': return None
+    try: return node_table(job_id)
+    except LaunchError as e: return _Text(f"per-node use: {e}")
+
+def show_job(job_id, run_dir=None, max_steps: int | None = None, tail: int = 20, nodes: bool = True):
+    "Display the status table, the log's last `tail` lines and (a running Slurm job) the node table of `job_id`; return its status."
+    from IPython.display import display
+    s = job_status(job_id, run_dir)
+    display(status_table(job_id, run_dir, max_steps))
+    text = log_tail(job_id, tail)
+    print(f"last {tail} lines of {s.log or 'the log'}:\n{text}" if text else f"no log yet at {s.log or '(none recorded)'}")
+    node_view = _node_view(s, job_id) if nodes else None
+    if node_view is not None: display(node_view)
+    return s
+
+# %% ../nbs/api/60_monitor.ipynb #d3e8e9ba
+def _job_view(job_id, run_dir, max_steps, tail, nodes=True):
+    "(status, [status table, log tail, node table, curves]) of `job_id` now."
     import matplotlib.pyplot as plt
     s = job_status(job_id, run_dir)
     fig = None
     if run_dir and (Path(run_dir) / 'tb').is_dir():
-        fig = plot_run(run_dir); plt.close(fig)              # shown through its display id, not again at the cell's end
+        fig = plot_run(run_dir)
+        plt.close(fig)              # shown through its display id, not again at the cell's end
     log = log_tail(job_id, tail)
-    return s, [status_table(job_id, run_dir, max_steps), _Text(log or 'no log yet'), fig or _Text('no curves yet')]
+    table = status_table(job_id, run_dir, max_steps)
+    node_view = _node_view(s, job_id) if nodes else None
+    node_view = _Text('') if node_view is None else node_view
+    return s, [table, _Text(log or 'no log yet'), node_view, fig or _Text('no curves yet')]
 
+# %% ../nbs/api/60_monitor.ipynb #bf9c6212
+class JobWatch:
+    "`job_id`'s view, drawn now and redrawn in place every `every` s until the job ends: in the cell or in the background."
+    def __init__(self, job_id, run_dir=None, max_steps: int | None = None, every: float = 5, tail: int = 10,
+                 nodes: bool = True):
+        from IPython.display import DisplayHandle
+        self.job_id, self.run_dir, self.max_steps = job_id, run_dir, max_steps
+        self.every, self.tail, self.nodes = every, tail, nodes
+        self.task = None
+        self.status, views = self._view()
+        self.handles = [DisplayHandle() for _ in views]
+        for h, v in zip(self.handles, views): h.display(v)
+
+    def _view(self): return _job_view(self.job_id, self.run_dir, self.max_steps, self.tail, self.nodes)
+
+    def redraw(self):
+        "Look at the job again and replace the drawn outputs; return its status."
+        self.status, views = self._view()
+        for h, v in zip(self.handles, views): h.update(v)
+        return self.status
+
+    def follow(self, timeout: float = 7 * 86400):
+        "Redraw in this cell until the job ends (or `timeout` s pass); return its last status."
+        import time
+        t0 = time.time()
+        while not self.status.done and time.time() - t0 < timeout:
+            time.sleep(self.every)
+            self.redraw()
+        return self.status
+
+    def start(self):
+        "Redraw from the running event loop (a Jupyter kernel's) until the job ends or `stop()`; return self."
+        import asyncio
+        self.task = asyncio.get_running_loop().create_task(self._redraw_until_done())
+        return self
+
+    async def _redraw_until_done(self):
+        import asyncio
+        while not self.status.done:
+            await asyncio.sleep(self.every)
+            try: self.redraw()
+            except Exception as e:   # a background task has no cell to raise into: say it where the status stood
+                self.handles[0].update(_Text(f"watching job {self.job_id} stopped: {e}"))
+                return
+
+    def stop(self):
+        "Stop redrawing in the background."
+        if self.task: self.task.cancel()
+
+    @property
+    def running(self) -> bool: return self.task is not None and not self.task.done()
+
+    def __repr__(self):
+        every = f", redrawn every {self.every:g} s" if self.running else ''
+        return f"JobWatch({self.job_id}: {self.status.state}{every})"
+
+# %% ../nbs/api/60_monitor.ipynb #3322b7c0
 def follow_job(job_id, run_dir=None, max_steps: int | None = None, every: float = 5, tail: int = 10,
                timeout: float = 7 * 86400):
-    "Show `job_id`'s status table, log tail and curves, redrawn in place every `every` s until it ends; return the final status."
-    import time
-    from IPython.display import DisplayHandle
-    s, views = _job_view(job_id, run_dir, max_steps, tail)
-    handles = [DisplayHandle() for _ in views]
-    for h, v in zip(handles, views): h.display(v)
-    t0 = time.time()
-    while not s.done and time.time() - t0 < timeout:
-        time.sleep(every)
-        s, views = _job_view(job_id, run_dir, max_steps, tail)
-        for h, v in zip(handles, views): h.update(v)
-    return s
+    "Show `job_id`'s view, redrawn in place every `every` s until it ends; return the final status."
+    return JobWatch(job_id, run_dir, max_steps, every, tail).follow(timeout)
+
+def watch_job(job_id, run_dir=None, max_steps: int | None = None, every: float = 5, tail: int = 10) -> JobWatch:
+    "Show `job_id`'s view and keep redrawing it in the background of this Jupyter kernel until it ends."
+    import asyncio
+    from nxpretrain.errors import LaunchError
+    try: asyncio.get_running_loop()
+    except RuntimeError:
+        raise LaunchError("watch_job redraws in the background of a Jupyter kernel; outside one use follow_job") from None
+    return JobWatch(job_id, run_dir, max_steps, every, tail).start()

@@ -48,22 +48,68 @@ def test_two_clusters_with_the_same_job_id(tmp_path, monkeypatch):
 
 def test_follow_redraws_until_the_job_ends(tmp_path, monkeypatch, capsys):
     "A live job of this machine writes steps for ~3 s: `follow_job` redraws while it runs and ends on its final state."
-    import subprocess
-    from nxpretrain.launch.local import _start_ticks
     monkeypatch.setenv('NXPRETRAIN_HOME', str(tmp_path))
-    run, state = tmp_path / 'run', tmp_path / 'state'
-    run.mkdir(); state.mkdir()
-    script = (f"date +%s > {state}/started; for i in 1 2 3 4 5 6; do "
-              f"echo '{{\"step\": '$i', \"loss\": '$((10 - i))', \"time\": '$(date +%s.%N)'}}' >> {run}/steps.jsonl; "
-              f"echo \"step $i/6 | loss $((10 - i))\" >> {tmp_path}/job.log; sleep 0.5; done; echo 0 > {state}/exit_code")
-    p = subprocess.Popen(['bash', '-c', script], start_new_session=True)
-    rec = dict(id='local-live', scheduler='local', cluster=socket.gethostname(), name='j', kind='train', out_dir=str(tmp_path),
-               log=str(tmp_path / 'job.log'), tasks=0, time=time.time(), pid=p.pid, start_ticks=_start_ticks(p.pid),
-               state_dir=str(state))
-    (tmp_path / 'jobs.jsonl').write_text(json.dumps(rec) + '\n')
+    p, run = _live_job(tmp_path)
     s = monitor.follow_job('local-live', run, every=0.5, tail=2)
     p.wait()
     assert str(s.state) == 'COMPLETED' and s.elapsed_s > 2, s
     out = capsys.readouterr().out
     assert out.count('RUNNING') >= 2 and out.rstrip().count('COMPLETED') == 1, out[-3000:]
     assert out.rfind('COMPLETED') > out.rfind('RUNNING') and 'step 6/6 | loss 4' in out[out.rfind('COMPLETED'):], out[-2000:]
+
+
+def _live_job(tmp_path, steps=6, pause=0.5):
+    "A job of this machine in the index that writes `steps` steps `pause` s apart, then exits 0; (process, run folder)."
+    import subprocess
+    from nxpretrain.launch.local import _start_ticks
+    run, state = tmp_path / 'run', tmp_path / 'state'
+    run.mkdir(); state.mkdir()
+    script = (f"date +%s > {state}/started; for i in $(seq 1 {steps}); do "
+              f"echo '{{\"step\": '$i', \"loss\": '$((10 - i))', \"time\": '$(date +%s.%N)'}}' >> {run}/steps.jsonl; "
+              f"echo \"step $i/{steps} | loss $((10 - i))\" >> {tmp_path}/job.log; sleep {pause}; done; echo 0 > {state}/exit_code")
+    p = subprocess.Popen(['bash', '-c', script], start_new_session=True)
+    rec = dict(id='local-live', scheduler='local', cluster=socket.gethostname(), name='j', kind='train', out_dir=str(tmp_path),
+               log=str(tmp_path / 'job.log'), tasks=0, time=time.time(), pid=p.pid, start_ticks=_start_ticks(p.pid),
+               state_dir=str(state))
+    (tmp_path / 'jobs.jsonl').write_text(json.dumps(rec) + '\n')
+    return p, run
+
+
+def test_watch_redraws_in_the_background_of_a_real_kernel(tmp_path):
+    """In a real Jupyter kernel, `watch_job` returns at once; while the job runs, other cells run at once and the job's
+    view keeps being replaced (update_display_data), ending on its final state; the watch then stops by itself."""
+    import os, queue
+    from jupyter_client.manager import start_new_kernel
+    km, kc = start_new_kernel(kernel_name='python3', env={**os.environ, 'NXPRETRAIN_HOME': str(tmp_path)})
+    try:
+        kc.execute_interactive('from nxpretrain.monitor import watch_job', timeout=120)
+        p, run = _live_job(tmp_path, steps=8, pause=0.5)
+        t0 = time.time()
+        reply = kc.execute_interactive(f"w = watch_job('local-live', {str(run)!r}, 8, every=0.3, tail=2)", timeout=60,
+                                       output_hook=lambda m: None)
+        started = time.time() - t0
+        assert reply['content']['status'] == 'ok', reply['content']
+        assert p.poll() is None, 'the job ended before the watch returned: the watch blocked the kernel'
+        replies = []                              # other cells run while the job runs and the view redraws
+        for _ in range(3):
+            t = time.time()
+            r = kc.execute_interactive('1 + 1', timeout=10, output_hook=lambda m: None)
+            replies.append((r['content']['status'], time.time() - t))
+            time.sleep(0.5)
+        p.wait()
+        updates, t_end = [], time.time() + 20
+        while time.time() < t_end:
+            try: m = kc.get_iopub_msg(timeout=0.5)
+            except queue.Empty:
+                if updates and 'COMPLETED' in updates[-1]: break
+                continue
+            if m['msg_type'] == 'update_display_data': updates.append(m['content']['data'].get('text/plain', ''))
+        r = kc.execute_interactive('assert not w.running, w', timeout=10, output_hook=lambda m: None)
+        assert r['content']['status'] == 'ok', r['content']
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert started < 30 and all(s == 'ok' and dt < 2 for s, dt in replies), (started, replies)
+    tables = [u for u in updates if 'local-live' in u]
+    assert len(tables) >= 2 and 'COMPLETED' in tables[-1] and 'RUNNING' in ''.join(tables[:-1]), tables
+    assert 'step 8/8 | loss 2' in ''.join(updates[-4:]), updates[-4:]
