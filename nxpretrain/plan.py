@@ -12,10 +12,9 @@ import dataclasses
 from .families import family
 
 # %% auto #0
-__all__ = ['GiB', 'ASSUMED_MFU', 'PUBLISHED_STEP_SECONDS', 'INTRA_NODE_GBS', 'layer_parameters', 'embedding_parameters',
-           'model_parameters', 'flops_per_token', 'Memory', 'runs_engine', 'rank_parameters', 'memory_per_device',
-           'checkpoint_bytes', 'checkpoint_write_seconds', 'bubble_fraction', 'communication_bytes',
-           'communication_seconds', 'Plan', 'plan', 'layout_options']
+__all__ = ['GiB', 'layer_parameters', 'embedding_parameters', 'model_parameters', 'flops_per_token', 'Memory', 'runs_engine',
+           'rank_parameters', 'memory_per_device', 'checkpoint_bytes', 'checkpoint_write_seconds',
+           'communication_bytes', 'Plan', 'plan', 'layout_options']
 
 # %% ../nbs/api/02_plan.ipynb #9a297a17
 _COUNTS: dict = {}   # (config with one layer, vocab) → counts: a meta build takes milliseconds, a plan asks often
@@ -193,16 +192,6 @@ def checkpoint_write_seconds(r: Recipe, gbps: float | None = None) -> float:
     return checkpoint_bytes(r) / ((gbps or r.cluster.storage_gbps) * 1e9)
 
 # %% ../nbs/api/02_plan.ipynb #90d32f77
-ASSUMED_MFU = {'xla': 0.18, 'neuron': 0.3, 'nccl': 0.4, 'gloo': 0.5}
-PUBLISHED_STEP_SECONDS = {'gpt3_23b': 18.8, 'llama3_70b': 321.0}   # recipes-and-neuron.md: 4 / 16 trn1.32xlarge
-
-INTRA_NODE_GBS = {'xla': 192, 'neuron': 256, 'nccl': 450, 'gloo': 2}   # per-device collective bandwidth inside a node (GB/s)
-
-def bubble_fraction(r: Recipe, dp: int) -> float:
-    "Idle fraction a 1F1B pipeline adds: (PP−1)/(micro-batches · virtual stages)."
-    micro = max(r.data.global_batch // (r.data.micro_batch * dp), 1)
-    return (r.parallel.pp - 1) / (micro * r.parallel.virtual_pp)
-
 def communication_bytes(r: Recipe, dp: int | None = None) -> dict:
     """Payload bytes per step of the busiest rank's collectives in nxpretrain's engine, by mesh dimension (`tp`, `pp`, and
     `dp`, or `dp_cp` with context parallelism), as `nxpretrain.trace` counts them: an all-reduce's tensor, an all-gather's
@@ -245,24 +234,13 @@ def _tp_bytes(r: Recipe) -> float:
         per_rank.append(sum(len(stages[s]) for s in ids) * block + ends)
     return max(per_rank)
 
-def communication_seconds(r: Recipe, dp: int) -> float:
-    "Exposed collective time per step: TP all-reduces of activations, plus half of the DP gradient reduction (the rest overlaps)."
-    m, p, prof = r.model, r.parallel, profile(r.cluster.profile)
-    micro = max(r.data.global_batch // (r.data.micro_batch * dp), 1)
-    inter = prof.network_gbps / 8 / prof.devices_per_node if prof.network_gbps else INTRA_NODE_GBS[prof.backend]
-    tp_bw = INTRA_NODE_GBS[prof.backend] if p.tp <= prof.devices_per_node else inter
-    act = 2 * m.seq_len / p.cp * r.data.micro_batch * m.hidden                     # bf16 activations of one micro-batch
-    tp = 4 * (m.n_layers / p.pp) * micro * act * 2 * (p.tp - 1) / p.tp / (tp_bw * 1e9) if p.tp > 1 else 0.0
-    grads = 2 * model_parameters(m) / (p.tp * p.pp)
-    dp_bw = INTRA_NODE_GBS[prof.backend] if dp * p.tp * p.pp * p.cp <= prof.devices_per_node else inter
-    return tp + (0.5 * grads * 2 * (dp - 1) / dp / (dp_bw * 1e9) if dp > 1 else 0.0)
-
 @dataclass(repr=False)
 class Plan:
     recipe: Recipe
     world: int; dp: int; parameters: int; memory: Memory; device_gib: float
     step_seconds: float; tokens_per_step: int; checkpoint_bytes: float; checkpoint_seconds: float
     problems: list = field(default_factory=list); advice: list = field(default_factory=list)
+    step: object = None          # the step time explained (`nxpretrain.steptime.StepTime`)
     @property
     def fits(self): return self.memory.total / GiB <= self.device_gib
 
@@ -279,12 +257,19 @@ class Plan:
                 ('memory / device', f"{m.total / GiB:.1f} GiB of {self.device_gib:g} GiB (weights {m.weights / GiB:.1f}, grads {m.grads / GiB:.1f}, "
                                     f"optimizer {m.optimizer / GiB:.1f}, activations {m.activations / GiB:.1f}" +
                                     (f", pipeline buffers {m.buffers / GiB:.1f})" if m.buffers else ')') + ('' if self.fits else '  ← does not fit')),
-                ('step time', f"≈ {self.step_seconds:.3g} s at MFU {ASSUMED_MFU[prof.backend]:g}" +
-                              (f" (published: {PUBLISHED_STEP_SECONDS[r.name]:g} s)" if r.name in PUBLISHED_STEP_SECONDS else '')),
+                *self._step_rows(),
                 ('checkpoint', f"{self.checkpoint_bytes / 2**40:.3g} TiB, {self.checkpoint_seconds:.3g} s at {r.cluster.storage_gbps:g} GB/s"
                                if self.checkpoint_bytes > 2**40 else f"{self.checkpoint_bytes / 2**30:.3g} GiB, {self.checkpoint_seconds:.3g} s at {r.cluster.storage_gbps:g} GB/s")]
         rows += [('problem', s) for s in self.problems] + [('advice', s) for s in self.advice]
         return rows
+
+    def _step_rows(self) -> list[tuple[str, str]]:
+        "The step time and, indented, its compute, exposed communication per link, and bubble."
+        from nxpretrain.steptime import published
+        a = published(self.recipe.name)
+        pub = f" (published: {a.published:g} s, {a.source.split(':')[0]})" if a else ''
+        rows = [('step time', f"≈ {self.step_seconds:.3g} s{pub}")]
+        return rows + [(f"  {k}", v) for k, v in self.step.rows()] if self.step else rows
 
     def to_dict(self) -> dict:
         "The plan as plain data for scripts (`nxpretrain plan --json`): counts, bytes and seconds, unrounded."
@@ -295,12 +280,19 @@ class Plan:
                     parameters=self.parameters, tokens_per_step=self.tokens_per_step,
                     memory_bytes=dict(weights=m.weights, grads=m.grads, optimizer=m.optimizer, activations=m.activations, buffers=m.buffers, total=m.total),
                     device_gib=self.device_gib, fits=self.fits, step_seconds=self.step_seconds,
-                    checkpoint_bytes=self.checkpoint_bytes, checkpoint_seconds=self.checkpoint_seconds,
+                    step=_step_dict(self.step), checkpoint_bytes=self.checkpoint_bytes, checkpoint_seconds=self.checkpoint_seconds,
                     problems=list(self.problems), advice=list(self.advice))
 
     def __str__(self): w = max(len(k) for k, _ in self.rows()); return '\n'.join(f"{k:<{w}}  {v}" for k, v in self.rows())
     __repr__ = __str__                                       # logs and papermill's text output show the table too
     def _repr_markdown_(self): return '| | |\n|---|---|\n' + '\n'.join(f"| {k} | {v} |" for k, v in self.rows())
+
+def _step_dict(st) -> dict | None:
+    "The step time breakdown as plain data: seconds of compute, bubble, and per mesh dimension on the link and exposed."
+    if st is None: return None
+    return dict(compute=st.compute, bubble=st.bubble, device=st.device.kind, achievable=st.achievable, flops=st.flops,
+                comm={l.dim: dict(link=l.link, gbs=l.gbs, payload_bytes=l.payload, seconds=l.seconds, exposed=l.exposed)
+                      for l in st.links})
 
 def _human(n: float) -> str:
     for unit, div in (('T', 1e12), ('B', 1e9), ('M', 1e6), ('K', 1e3)):
@@ -318,19 +310,19 @@ def _advice(r: Recipe, mem: Memory, device_gib: float) -> list[str]:
     out.append(f"or spread the model: raise parallel.pp (now {p.pp}) or parallel.tp (now {p.tp}) – memory scales with 1/(TP·PP)")
     return out
 
-def plan(r: Recipe | str, world: int | None = None, mfu: float | None = None) -> Plan:
-    "Plan recipe `r` (a Recipe or catalog name) on its cluster, or on `world` devices."
+def plan(r: Recipe | str, world: int | None = None, achievable: float | None = None) -> Plan:
+    """Plan recipe `r` (a Recipe or catalog name) on its cluster, or on `world` devices; `achievable` overrides the
+    device's calibrated fraction of peak."""
+    from nxpretrain.steptime import step_time
     r = get_recipe(r) if isinstance(r, str) else r
     prof = profile(r.cluster.profile)
     world = world or world_size(r)
     dp = max(data_parallel_size(r, world), 1)
     mem = memory_per_device(r, dp)
     tokens = r.data.global_batch * r.model.seq_len
-    recompute = {'none': 1.0, 'selective': 1.0, 'full': 4 / 3}[r.parallel.activation_checkpointing]
-    compute = flops_per_token(r.model, padded_vocab(r.model, r.parallel.tp)) * tokens * recompute / (world * prof.device_tflops * 1e12 * (mfu or ASSUMED_MFU[prof.backend]))
-    step = compute * (1 + bubble_fraction(r, dp)) + communication_seconds(r, dp)
-    return Plan(r, world, dp, model_parameters(r.model, padded_vocab(r.model, r.parallel.tp)), mem, prof.device_gib, step, tokens,
-                checkpoint_bytes(r), checkpoint_write_seconds(r), problems(r, world), _advice(r, mem, prof.device_gib))
+    st = step_time(r, dp=dp, achievable=achievable)
+    return Plan(r, world, dp, model_parameters(r.model, padded_vocab(r.model, r.parallel.tp)), mem, prof.device_gib, st.total, tokens,
+                checkpoint_bytes(r), checkpoint_write_seconds(r), problems(r, world), _advice(r, mem, prof.device_gib), st)
 
 # %% ../nbs/api/02_plan.ipynb #9384dc74
 def layout_options(r: Recipe | str, world: int | None = None, top: int = 8) -> list[dict]:
