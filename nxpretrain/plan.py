@@ -10,6 +10,7 @@ from .recipes import Recipe, ModelConfig, padded_vocab, data_parallel_size, worl
 from .clusters import profile
 import dataclasses
 from .families import family
+from .steptime import step_time, published
 
 # %% auto #0
 __all__ = ['GiB', 'layer_parameters', 'embedding_parameters', 'model_parameters', 'flops_per_token', 'Memory', 'runs_engine',
@@ -265,7 +266,6 @@ class Plan:
 
     def _step_rows(self) -> list[tuple[str, str]]:
         "The step time and, indented, its compute, exposed communication per link, and bubble."
-        from nxpretrain.steptime import published
         a = published(self.recipe.name)
         pub = f" (published: {a.published:g} s, {a.source.split(':')[0]})" if a else ''
         rows = [('step time', f"≈ {self.step_seconds:.3g} s{pub}")]
@@ -313,14 +313,13 @@ def _advice(r: Recipe, mem: Memory, device_gib: float) -> list[str]:
 def plan(r: Recipe | str, world: int | None = None, achievable: float | None = None) -> Plan:
     """Plan recipe `r` (a Recipe or catalog name) on its cluster, or on `world` devices; `achievable` overrides the
     device's calibrated fraction of peak."""
-    from nxpretrain.steptime import step_time
     r = get_recipe(r) if isinstance(r, str) else r
     prof = profile(r.cluster.profile)
     world = world or world_size(r)
     dp = max(data_parallel_size(r, world), 1)
     mem = memory_per_device(r, dp)
     tokens = r.data.global_batch * r.model.seq_len
-    st = step_time(r, dp=dp, achievable=achievable)
+    st = step_time(r, communication_bytes(r, dp), layer_parameters(r.model), dp=dp, achievable=achievable)
     return Plan(r, world, dp, model_parameters(r.model, padded_vocab(r.model, r.parallel.tp)), mem, prof.device_gib, st.total, tokens,
                 checkpoint_bytes(r), checkpoint_write_seconds(r), problems(r, world), _advice(r, mem, prof.device_gib), st)
 

@@ -13,8 +13,7 @@ from .families import family
 
 # %% auto #0
 __all__ = ['DEVICES', 'PROFILE_DEVICE', 'ANCHOR_PROFILES', 'ANCHORS', 'Device', 'device_of', 'block_flops', 'micro_batches',
-           'rank_flops', 'Link', 'links', 'StepTime', 'step_time', 'Anchor', 'anchor_recipe', 'anchor_step',
-           'calibration', 'fit_achievable', 'published']
+           'rank_flops', 'Link', 'links', 'StepTime', 'step_time', 'Anchor', 'published']
 
 # %% ../nbs/api/02b_steptime.ipynb #7aa52687
 @dataclass(frozen=True)
@@ -43,15 +42,14 @@ def device_of(prof: ClusterProfile) -> Device:
     return DEVICES[PROFILE_DEVICE.get(prof.name) or _BACKEND_DEVICE[prof.backend]]
 
 # %% ../nbs/api/02b_steptime.ipynb #631fb764
-def block_flops(r: Recipe) -> dict:
-    "{'attention': …, 'mlp': …} forward FLOPs per token of one block on one TP rank of `r`."
-    from nxpretrain.plan import layer_parameters
+def block_flops(r: Recipe, layer_params: int) -> dict:
+    "{'attention': …, 'mlp': …} forward FLOPs per token of one block (of `layer_params` parameters) on one TP rank of `r`."
     m, p = r.model, r.parallel
     q = m.hidden * m.n_heads * m.head_dim                       # the query and the output projections
     kv = m.hidden * m.kv_heads * m.head_dim                     # the key and the value projections
     core = 4 * m.seq_len * m.n_heads * m.head_dim * (0.5 if family(m.arch).causal else 1.0)
     attention = 2 * (2 * q + 2 * kv * p.kv_replicator) + core
-    mlp = 2 * (layer_parameters(m) - 2 * q - 2 * kv)
+    mlp = 2 * (layer_params - 2 * q - 2 * kv)
     return {'attention': attention / p.tp, 'mlp': mlp / p.tp}
 
 # %% ../nbs/api/02b_steptime.ipynb #791e3361
@@ -59,11 +57,11 @@ def micro_batches(r: Recipe, dp: int) -> int:
     "Micro-batches each pipeline runs per step."
     return max(r.data.global_batch // (r.data.micro_batch * dp), 1)
 
-def rank_flops(r: Recipe, dp: int) -> float:
+def rank_flops(r: Recipe, dp: int, layer_params: int) -> float:
     "Training FLOPs per step of the busiest pipeline rank of `r` with data-parallel size `dp`."
     from nxpretrain.parallel.pipeline import pipeline_stages
     m, p = r.model, r.parallel
-    f = block_flops(r)
+    f = block_flops(r, layer_params)
     redone = {'full': list(f), 'selective': p.checkpoint_modules}.get(p.activation_checkpointing, [])
     layer = 3 * sum(f.values()) + sum(f.get(k, 0.0) for k in redone)
     head = 3 * 2 * padded_vocab(m, p.tp) * m.hidden / p.tp
@@ -88,13 +86,13 @@ def _link(r: Recipe, dim: str, prof: ClusterProfile, dp: int) -> tuple[str, floa
 class Link:
     dim: str; link: str; gbs: float; payload: float; seconds: float; exposed: float
 
-def links(r: Recipe, prof: ClusterProfile, dp: int, t_mb: float, overlapped: tuple = ()) -> list[Link]:
-    """Per mesh dimension: its link, payload bytes per step, seconds on the link, and the seconds left exposed.
+def links(r: Recipe, prof: ClusterProfile, dp: int, t_mb: float, comm: dict, overlapped: tuple = ()) -> list[Link]:
+    """Per mesh dimension of `comm` (the planner's payload bytes per step): its link, payload, seconds on the link, and the
+    seconds left exposed.
     Dimensions in `overlapped` are ones a stack runs behind compute (Megatron-Core's `--tp-comm-overlap`,
     `--overlap-grad-reduce --overlap-param-gather`): exposed only where they outlast the step's compute."""
-    from nxpretrain.plan import communication_bytes
     p, out = r.parallel, []
-    for dim, payload in communication_bytes(r, dp).items():
+    for dim, payload in comm.items():
         name, gbs = _link(r, dim, prof, dp)
         n = {'tp': p.tp, 'pp': 2}.get(dim, dp * (p.cp if dim == 'dp_cp' else 1))
         ring = (n - 1) / n / (gbs * 1e9)
@@ -135,18 +133,18 @@ class StepTime:
     def __str__(self): w = max(len(k) for k, _ in self.rows()); return '\n'.join(f"{k:<{w}}  {v}" for k, v in self.rows())
     __repr__ = __str__
 
-def step_time(r: Recipe | str, prof: ClusterProfile | None = None, dp: int | None = None,
+def step_time(r: Recipe, comm: dict, layer_params: int, prof: ClusterProfile | None = None, dp: int | None = None,
               achievable: float | None = None, overlapped: tuple = ()) -> StepTime:
-    "Seconds per step of `r` on its cluster (or on `prof`), explained; `overlapped`: see `links`."
-    r = get_recipe(r) if isinstance(r, str) else r
+    """Seconds per step of `r` on its cluster (or on `prof`), explained, from the planner's collective payloads `comm` and
+    parameters per block `layer_params`; `overlapped`: see `links`."""
     prof = prof or profile(r.cluster.profile)
     dp = dp or max(data_parallel_size(r, r.cluster.nodes * prof.devices_per_node), 1)
     dev = device_of(prof)
     eta = achievable or dev.achievable
-    flops, mb = rank_flops(r, dp), micro_batches(r, dp)
+    flops, mb = rank_flops(r, dp, layer_params), micro_batches(r, dp)
     compute = flops / (prof.device_tflops * 1e12 * eta)
     bubble = (r.parallel.pp - 1) / r.parallel.virtual_pp * compute / mb
-    return StepTime(compute, bubble, links(r, prof, dp, compute / mb, overlapped), flops, dev, eta, mb)
+    return StepTime(compute, bubble, links(r, prof, dp, compute / mb, comm, overlapped), flops, dev, eta, mb)
 
 # %% ../nbs/api/02b_steptime.ipynb #b57fb671
 ANCHOR_PROFILES = {
@@ -222,35 +220,6 @@ ANCHORS: list[Anchor] = [
 ]
 
 # %% ../nbs/api/02b_steptime.ipynb #95ecb883
-def anchor_recipe(a: Anchor) -> Recipe:
-    "The recipe of anchor `a`: a catalog recipe with the published layout as overrides."
-    from nxpretrain.recipes import override
-    return override(get_recipe(a.recipe), *a.overrides)
-
-def anchor_step(a: Anchor, achievable: float | None = None) -> StepTime:
-    "Modelled step of anchor `a` on its cluster, at its kind's achievable fraction (or `achievable`)."
-    prof = ANCHOR_PROFILES.get(a.profile) or profile(a.profile)
-    return step_time(anchor_recipe(a), prof, achievable=achievable or DEVICES[a.kind].achievable, overlapped=a.overlapped)
-
-def calibration() -> list[dict]:
-    "Every anchor: published and predicted seconds per step, the error, and whether it was fitted or held out."
-    out = []
-    for a in ANCHORS:
-        t = anchor_step(a).total
-        out.append(dict(anchor=a.name, kind=a.kind, role=a.role, published_s=round(a.published, 3), predicted_s=round(t, 3),
-                        error=round(t / a.published - 1, 3), source=a.source))
-    return out
-
-def fit_achievable(kind: str) -> float:
-    "The achievable fraction of `kind` that makes its fitted anchors' predictions meet the published times (geometric mean)."
-    fits = [a for a in ANCHORS if a.kind == kind and a.role == 'fit']
-    def log_err(eta): return sum(math.log(anchor_step(a, eta).total / a.published) for a in fits)
-    lo, hi = 0.01, 1.0
-    for _ in range(40):                                       # the error falls as the fraction rises: bisect
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if log_err(mid) > 0 else (lo, mid)
-    return (lo + hi) / 2
-
 def published(name: str) -> Anchor | None:
     "The anchor that publishes a step time for catalog recipe `name` as it stands, if any."
     return next((a for a in ANCHORS if a.recipe == name and not a.overrides), None)

@@ -8,7 +8,8 @@ import pytest
 
 from nxpretrain.plan import plan
 from nxpretrain.recipes import data_parallel_size, get_recipe
-from nxpretrain.steptime import ANCHORS, DEVICES, anchor_step, calibration, fit_achievable, step_time
+from nxpretrain.calibration import anchor_step, calibration, fit_achievable
+from nxpretrain.steptime import ANCHORS, DEVICES
 
 
 @pytest.mark.parametrize('row', calibration(), ids=lambda r: r['anchor'])
@@ -41,11 +42,11 @@ def test_seed_recipes_reproduce_the_seed_layouts():
 
 
 def test_breakdown_adds_up_and_the_bubble_follows_the_schedule():
-    st = step_time('llama3_70b')
+    st = plan('llama3_70b').step
     assert st.total == pytest.approx(st.compute + st.bubble + sum(l.exposed for l in st.links))
     assert plan('llama3_70b').step_seconds == pytest.approx(st.total)
     assert st.bubble == pytest.approx(7 / 512 * st.compute)                       # 1F1B: (p−1) of m micro-batches
-    inter = step_time(get_recipe('llama3_70b', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved'))
+    inter = plan(get_recipe('llama3_70b', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved')).step
     assert inter.bubble == pytest.approx(st.bubble / 2, rel=0.01)                # interleaved: ÷ v
 
 
