@@ -33,3 +33,21 @@ def test_planner_agrees_with_the_trace(name):
 def test_planner_agrees_with_the_trace_on_every_engine_recipe(name):
     t = trace(name, progress=False)
     assert not disagreements(t), f"{name}:\n{t}"
+
+
+def test_03_compile_traces_with_its_parameter(tmp_path):
+    "`papermill nbs/03_compile.ipynb … -p trace True`: the stage's dry run, then the traced step beside the planner."
+    import json, subprocess, sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / 'compile.ipynb'
+    env = {**os.environ, 'PYTHONPATH': str(root) + os.pathsep + os.environ.get('PYTHONPATH', '')}
+    env.pop('IN_TEST', None)
+    p = subprocess.run([sys.executable, '-m', 'papermill', str(root / 'nbs/03_compile.ipynb'), str(out), '-k', 'python3',
+                        '-p', 'model', 'gpt3_tiny', '-p', 'trace', 'True', '-p', 'out_dir', str(tmp_path), '--no-progress-bar'],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    text = '\n'.join(''.join(o.get('data', {}).get('text/plain', '')) + ''.join(o.get('text', ''))
+                     for c in json.loads(out.read_text())['cells'] for o in c.get('outputs', []))
+    assert 'every rank reached step 2' in text, text[-3000:]
+    assert 'one training step traced at full size' in text and 'planner vs trace' in text, text[-3000:]
