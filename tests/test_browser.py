@@ -1,7 +1,8 @@
 """The stage notebooks as a person uses them: JupyterLab started here, driven in Debian's Chromium through Selenium
 (chromedriver from Debian too; nothing downloaded). It opens a copy of `nbs/04_train.ipynb`, sets a short gpt3_tiny run
 in the parameters cell by typing, runs all cells from the Run menu, and checks what the person sees: the progress bar
-widget advancing, the curves as an image, and no widget or kernel error. Screenshots go to runs/browser/ for the CI log."""
+display advancing, the curves as an image, and no widget or kernel error; then it opens the saved notebook again and finds
+the progress's last state there (no "model not found"). Screenshots go to runs/browser/ for the CI log."""
 import os, re, secrets, shutil, subprocess, sys, time, urllib.request
 from pathlib import Path
 import pytest
@@ -76,12 +77,14 @@ def click_menu(d, menu: str, item: str):
     wait_for(lambda: d.find_elements(By.XPATH, f"//li[contains(@class,'lm-Menu-item')][.//div[text()='{item}']]"), 10)[0].click()
 
 
+PROGRESS = '.jp-OutputArea .nxp-progress'
+
+
 def progress_text(d) -> str:
-    "The text beside the tqdm progress widget (e.g. '7/20 [00:03<00:05, …]'), or ''."
-    bars = d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea .widget-hprogress, .jp-OutputArea .widget-progress')
-    if not bars: return ''
-    box = bars[0].find_element(By.XPATH, './ancestor::div[contains(@class,"widget-hbox")][1]')
-    return box.text
+    "The trainer's progress line beside its bar (e.g. 'step 7/12 | loss 8.1 | … | ETA 0:05'), or ''."
+    shown = d.find_elements(By.CSS_SELECTOR, PROGRESS)
+    if not shown or not shown[0].find_elements(By.TAG_NAME, 'progress'): return ''
+    return shown[0].text
 
 
 def test_04_train_in_jupyterlab(lab, browser):
@@ -104,10 +107,10 @@ def test_04_train_in_jupyterlab(lab, browser):
     click_menu(d, 'Run', 'Run All Cells')
     first = wait_for(lambda: re.search(r'(\d+)/12', progress_text(d)), 150, 0.25)
     if not first: shot(d, '04_train-no-progress.png')
-    assert first, 'no progress bar widget appeared'
+    assert first, 'no progress bar appeared'
     later = wait_for(lambda: (m := re.search(r'(\d+)/12', progress_text(d))) and int(m.group(1)) > int(first.group(1)) and m, 120, 0.25)
     assert later, f'the progress bar stayed at {first.group(0)}'
-    d.execute_script('arguments[0].scrollIntoView({block: "center"})', d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea .widget-hprogress, .jp-OutputArea .widget-progress')[0])
+    d.execute_script('arguments[0].scrollIntoView({block: "center"})', d.find_elements(By.CSS_SELECTOR, PROGRESS)[0])
     shot(d, '04_train-progress.png')
     img = wait_for(lambda: d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea .jp-RenderedImage img'), 150)
     assert img, 'no curves image'
@@ -121,6 +124,17 @@ def test_04_train_in_jupyterlab(lab, browser):
     assert re.search(r'loss [\d.]+ → [\d.]+ over 12 steps', outputs), outputs[-2000:]
     assert img[0].size['width'] > 600 and img[0].get_attribute('src').startswith('data:image/png')
     assert (folder / 'runs/gpt3_tiny/checkpoints/step_12').is_dir()
+    # saved and opened again (a new page, the kernel's widget state gone): the progress's last state is in the notebook
+    ActionChains(d).key_down(Keys.CONTROL).send_keys('s').key_up(Keys.CONTROL).perform()
+    assert wait_for(lambda: re.search(r'step 12/12', (folder / '04_train.ipynb').read_text()), 30), 'the notebook was not saved'
+    d.get('about:blank')
+    d.get(f'{url}/lab/tree/04_train.ipynb?token={token}')
+    again = wait_for(lambda: re.search(r'step 12/12 \| loss [\d.]+', progress_text(d)) and progress_text(d), 60)
+    d.execute_script('arguments[0].scrollIntoView({block: "center"})', d.find_elements(By.CSS_SELECTOR, PROGRESS)[0]) if again else None
+    shot(d, '04_train-reopened.png')
+    assert again, 'the reopened notebook does not show the last progress state'
+    page = d.find_element(By.TAG_NAME, 'body').text
+    assert 'model not found' not in page and 'Error displaying widget' not in page, page[-2000:]
 
 
 @pytest.mark.skipif(not os.environ.get('NXP_SLOW'), reason='NXP_SLOW=1: 02_plan in the browser (about 40 s more)')

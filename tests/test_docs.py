@@ -63,6 +63,21 @@ STAGES = ['00_setup', '01_data', '02_plan', '03_compile', '04_train', '05_monito
 text_of = lambda html: re.sub(r'\s+', ' ', re.sub(r'<[^>]+>', ' ', html).replace('&nbsp;', ' ').replace('&amp;', '&'))
 
 
+def test_classes_render_as_classes(site):
+    "A class's section: `class Name(…)` with its constructor's arguments, its docstring, then its methods and properties."
+    text = text_of((site / 'api' / '60_monitor.html').read_text())
+    m = re.search(r'class\s+JobWatch\s*\(\s*job_id', text)
+    assert m and not re.search(r'def\s+JobWatch\s*\(', text), 'JobWatch is not shown as a class'
+    after = text[m.start():]
+    assert 'redrawn in place every' in after[:800], after[:800]
+    for method in ('JobWatch.redraw', 'JobWatch.follow', 'JobWatch.start', 'JobWatch.stop', 'JobWatch.running'):
+        assert method in after, f'{method} is not under its class'
+    assert 'Redraw in this cell until the job ends' in after
+    machine = text_of((site / 'api' / '03_machine.html').read_text())
+    assert re.search(r'class\s+Table\s*\(', machine) and 'Table.text' in machine
+    assert not re.search(r'\)\s*->\s*None', machine), 'a class signature shows its __init__ return type'
+
+
 @pytest.mark.parametrize('stage', STAGES)
 def test_stage_pages_show_how_to_run_and_their_outputs(site, stage):
     "Each stage page: how to run it three ways, its parameters as a table, the parameters it ran with, real outputs."
@@ -109,7 +124,7 @@ def test_dead_links_finds_missing_pages_and_anchors(tmp_path):
 
 
 def test_papermill_output_of_04_train_advances_in_text(site):
-    "The executed 04_train (from the build's cache): plain step lines that advance, the widget's last state kept as text, no Epoch."
+    "The executed 04_train (from the build's cache): plain step lines that advance, the progress display's last state as HTML and text, no Epoch."
     [nb] = list(docs.EXEC.glob('stages-*/04_train.ipynb'))
     outputs = [o for c in json.loads(nb.read_text())['cells'] for o in c.get('outputs', [])]
     stream = ''.join(''.join(o.get('text', '')) for o in outputs if o['output_type'] == 'stream')
@@ -117,7 +132,7 @@ def test_papermill_output_of_04_train_advances_in_text(site):
     assert steps == list(range(5, 31, 5)), steps
     shown = [o['data'] for o in outputs if o['output_type'] == 'display_data' and '<progress' in ''.join(o['data'].get('text/html', ''))]
     assert len(shown) == 1 and ''.join(shown[0]['text/plain']).startswith('step 30/30 | loss ')
-    assert 'application/vnd.jupyter.widget-view+json' in shown[0]   # live in JupyterLab; the text is its last state
+    assert 'application/vnd.jupyter.widget-view+json' not in shown[0]   # no widget model: the output is its own last state
     assert 'Epoch' not in json.dumps(outputs)
 
 

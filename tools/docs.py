@@ -385,6 +385,41 @@ def executed_tree(nbs: Path, workers: int, log=print) -> Path:
     return tree
 
 
+def class_renderer(base):
+    """nbdev's show_doc renderer `base`, showing a class as a class: `class Name(…)` with its constructor's arguments, its
+    docstring, then each public method (signature and docstring) and property defined in its body."""
+    import inspect
+
+    class ClassRenderer(base):
+        def _repr_markdown_(self):
+            md = super()._repr_markdown_()
+            cls = self.sym
+            if not inspect.isclass(cls): return md
+            name = cls.__name__
+            md = md.replace(f'def {name}(', f'class {name}(', 1).replace(')->None:\n```', '):\n```', 1)
+            for attr, member in vars(cls).items():
+                if attr.startswith('_'): continue
+                if isinstance(member, property):
+                    doc = inspect.getdoc(member) or ''
+                    md += f"\n\n{'#' * (self.title_level + 1)} {name}.{attr}\n\n*property*" + (f" – *{doc}*" if doc else '')
+                    continue
+                fn = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+                if not inspect.isfunction(fn): continue
+                sub = base(fn, name=f'{name}.{attr}', title_level=self.title_level + 1)._repr_markdown_()
+                md += '\n\n' + sub.removeprefix('---\n\n')
+            return md
+    return ClassRenderer
+
+
+def render_notebook(job):
+    "nbdev's show_doc rendering of one notebook (`nbdev.serve_drv.main`), classes rendered by `class_renderer`."
+    import nbdev.showdoc, nbdev.serve_drv
+    if not getattr(nbdev.showdoc, '_nxp_classes', False):
+        nbdev.showdoc.BasicMarkdownRenderer = class_renderer(nbdev.showdoc.BasicMarkdownRenderer)
+        nbdev.showdoc._nxp_classes = True
+    return nbdev.serve_drv.main(job)
+
+
 def process(nbs: Path, workers: int, cache: Path) -> tuple[Path, dict]:
     """nbdev's show_doc rendering of every notebook into _proc/ (like nbdev-proc-nbs, which would try to install Quarto).
     Returns the folder and {notebook: error} for those nbdev could not render."""
@@ -395,10 +430,10 @@ def process(nbs: Path, workers: int, cache: Path) -> tuple[Path, dict]:
     os.environ['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get('PYTHONPATH')]))
     sys.path.insert(0, str(ROOT))
     jobs = [j for src in notebooks(nbs) if (j := _proc_file(src, cache, nbs))]  # skips notebooks rendered since their last edit
-    import nbdev.serve_drv
+    render = sys.modules[__name__].render_notebook if __name__ != '__main__' else __import__('docs').render_notebook
     errors = {}
     with ProcessPoolExecutor(max(1, workers), mp_context=multiprocessing.get_context('spawn')) as pool:
-        for job, fut in [(j, pool.submit(nbdev.serve_drv.main, j)) for j in jobs]:
+        for job, fut in [(j, pool.submit(render, j)) for j in jobs]:
             try: fut.result()
             except Exception as e: errors[job[0]] = f'{type(e).__name__}: {e}'[:3000]
     for src in errors: (cache / src.relative_to(nbs)).unlink(missing_ok=True)  # never keep a stale rendering

@@ -64,29 +64,6 @@ def _in_kernel() -> bool:
     return ip is not None and getattr(ip, 'kernel', None) is not None
 
 # %% ../../nbs/api/42_metrics.ipynb #9f7d0fa9
-def _html(text: str) -> str:
-    import html
-    return html.escape(text)
-
-
-def _progress_widget(total: int, initial: int):
-    "A bar and a line (ipywidgets), or None where ipywidgets is not installed."
-    try: import ipywidgets as w
-    except ImportError: return None
-    return w.HBox([w.IntProgress(min=0, max=max(total, 1), value=initial), w.HTML('')])
-
-
-class _WidgetWithText:
-    "A widget's output that also carries the progress line as HTML and text (shown where the widget cannot be)."
-    def __init__(self, widget, view: ProgressView): self.widget, self.view = widget, view
-
-    def _repr_mimebundle_(self, **kw):
-        data = {'text/html': self.view._repr_html_(), 'text/plain': repr(self.view)}
-        if self.widget is not None:
-            data.update({k: v for k, v in self.widget._repr_mimebundle_(**kw).items() if k != 'text/plain'})
-        return data
-
-# %% ../../nbs/api/42_metrics.ipynb #1aa8b2a7
 class Progress:
     """Training progress on rank 0 (silent elsewhere): a line replaced in place in a notebook, a tqdm line in a terminal
     or a job log. The trainer's own log line every `log_every` steps comes on top."""
@@ -94,13 +71,12 @@ class Progress:
                  every_s: float = 0.5):
         self.total, self.initial, self.tokens_per_step, self.every_s = total, initial, tokens_per_step, every_s
         self.losses: list[float] = []
-        self.bar = self.view = self.widget = None
+        self.bar = self.view = None
         self.t0, self.shown = time.perf_counter(), 0.0
         if not enabled: return
         if file is None and _in_kernel():
             from IPython.display import display
-            self.widget = _progress_widget(total, initial)
-            self.view = display(_WidgetWithText(self.widget, self.state(initial, math.nan)), display_id=True)
+            self.view = display(self.state(initial, math.nan), display_id=True)
         else:
             from tqdm import tqdm
             self.bar = tqdm(total=total, initial=initial, dynamic_ncols=False, file=file, mininterval=0.5)
@@ -119,19 +95,13 @@ class Progress:
             self.bar.set_postfix_str(progress_postfix(self.losses, loss, lr, step, consumed, **extra), refresh=False)
             self.bar.update(1)
         elif self.view is not None and (step >= self.total or time.perf_counter() - self.shown >= self.every_s):
-            self._show(self.state(step, loss))
+            self.view.update(self.state(step, loss))
             self.shown = time.perf_counter()
-
-    def _show(self, view: ProgressView, final: bool = False):
-        if self.widget is None: return self.view.update(view)
-        bar, label = self.widget.children
-        bar.value, label.value = view.step, f"<code>{_html(repr(view))}</code>"
-        if final: self.view.update(_WidgetWithText(self.widget, view))   # the saved output's text: the last state
 
     def close(self):
         if self.bar is not None: self.bar.close()
         elif self.view is not None and self.losses:
-            self._show(self.state(self.initial + len(self.losses), self.losses[-1]), final=True)
+            self.view.update(self.state(self.initial + len(self.losses), self.losses[-1]))   # the saved last state
 
 # %% ../../nbs/api/42_metrics.ipynb #edc01847
 class Scalars:
