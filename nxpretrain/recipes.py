@@ -14,10 +14,10 @@ from .clusters import profile
 from .families import family
 
 # %% auto #0
-__all__ = ['RecomputeKind', 'DEMO_VOCAB', 'CATALOG', 'ALIASES', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig',
-           'TrainerConfig', 'ClusterConfig', 'Recipe', 'field_keys', 'nearest_field', 'from_dict', 'to_dict', 'to_yaml',
-           'from_yaml', 'override', 'recipe_value', 'padded_vocab', 'world_size', 'data_parallel_size', 'choice_fields',
-           'problems', 'validate', 'resolve_name', 'get_recipe']
+__all__ = ['RecomputeKind', 'TRACKERS', 'DEMO_VOCAB', 'CATALOG', 'ALIASES', 'ModelConfig', 'ParallelConfig', 'DataConfig',
+           'OptimConfig', 'TrainerConfig', 'ClusterConfig', 'Recipe', 'field_keys', 'nearest_field', 'from_dict',
+           'to_dict', 'to_yaml', 'from_yaml', 'override', 'recipe_value', 'padded_vocab', 'world_size',
+           'data_parallel_size', 'choice_fields', 'problems', 'validate', 'resolve_name', 'get_recipe']
 
 # %% ../nbs/api/00_recipes.ipynb #6f92bc64
 @dataclass
@@ -112,6 +112,7 @@ class TrainerConfig:
     threads: int = 0                     # CPU threads per process; 0 = torch default
     resume: bool = True                  # auto-resume from the newest complete checkpoint
     upload_to: str = ''                  # s3://bucket/prefix: copy each complete checkpoint there (nxpretrain.train.mirror)
+    loggers: str = 'tensorboard'         # comma list of tensorboard, mlflow, wandb (nxpretrain.train.trackers)
 
 # %% ../nbs/api/00_recipes.ipynb #aa347d24
 @dataclass
@@ -279,6 +280,17 @@ def _schedule_problems(recipe: Recipe, n_mb: int) -> list[str]:
                 f"stages (1F1B needs one per stage): raise it to {step * p.pp} or use parallel.pp_schedule=gpipe"]
     return []
 
+TRACKERS = {'tensorboard': 'tensorboard', 'mlflow': 'mlflow', 'wandb': 'wandb'}   # logger name → the module it needs
+
+def _tracker_problems(loggers: str) -> list[str]:
+    "One line per unknown logger name or missing client library in `trainer.loggers`."
+    import importlib.util
+    names = [n.strip() for n in loggers.split(',') if n.strip()]
+    if bad := [n for n in names if n not in TRACKERS]:
+        return [f"trainer.loggers={loggers!r}: {', '.join(bad)} unknown; choose from {', '.join(TRACKERS)}"]
+    return [f"trainer.loggers={loggers!r}: {n} needs its client library: pip install 'nxpretrain[tracking]'"
+            for n in names if importlib.util.find_spec(TRACKERS[n]) is None]
+
 def problems(recipe: Recipe, world: int | None = None) -> list[str]:
     "Every inconsistency of `recipe` for `world` devices, one line each: the field, what is wrong, the fix."
     m, p, d, out = recipe.model, recipe.parallel, recipe.data, []
@@ -331,6 +343,7 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
         elif p.pp > 1: out += _schedule_problems(recipe, d.global_batch // (d.micro_batch * dp))
     if recipe.trainer.upload_to and not recipe.trainer.upload_to.startswith('s3://'):
         out.append(f"trainer.upload_to={recipe.trainer.upload_to!r}: give an s3://bucket/prefix address, or '' for no upload")
+    out += _tracker_problems(recipe.trainer.loggers)
     if recipe.optim.warmup_steps > recipe.trainer.max_steps: out.append(f"optim.warmup_steps={recipe.optim.warmup_steps} exceeds trainer.max_steps={recipe.trainer.max_steps}: shorten the warmup")
     return out
 

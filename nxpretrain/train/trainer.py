@@ -232,7 +232,8 @@ class Trainer:
         "Run folder, model, optimizer, checkpointer, resume and data on the mesh `state`: all before the first step."
         import torch
         from nxpretrain.train.checkpoint import rank, world, TrainState
-        from nxpretrain.train.metrics import Progress, Scalars
+        from nxpretrain.train.metrics import Progress
+        from nxpretrain.train.trackers import Trackers
         from nxpretrain.recipes import to_yaml
         tr = self.recipe.trainer
         if tr.threads > 0: torch.set_num_threads(tr.threads)
@@ -251,7 +252,7 @@ class Trainer:
         self.result = TrainResult(out_dir=str(self.run_dir), start_step=self.state.step, final_step=self.state.step)
         self.prog = Progress(self.max_steps, self.state.step, enabled=self.progress and self.is_main,
                              tokens_per_step=self.recipe.data.global_batch * self.recipe.model.seq_len)
-        self.scalars = Scalars(self.run_dir / 'tb', enabled=self.is_main, log=self.log)
+        self.scalars = Trackers(self.recipe, self.run_dir, enabled=self.is_main, log=self.log)
         self.steps_log = open(self.run_dir / STEPS_FILE, 'a', buffering=1) if self.is_main else None
         self.step_time = self.win_time = 0.0
         self.win_steps = self.nonfinite = 0
@@ -383,7 +384,7 @@ class Trainer:
 
     def finish(self) -> TrainResult:
         "Wait for saves, close the logs, and the run's figures."
-        self.ck.wait(); self.prog.close(); self.scalars.close()
+        self.ck.wait(); self.prog.close()
         if self.steps_log: self.steps_log.close()
         res, tokens_per_step = self.result, self.recipe.data.global_batch * self.recipe.model.seq_len
         res.final_step = self.state.step
@@ -394,6 +395,8 @@ class Trainer:
         res.tokens_per_s = len(res.steps) * tokens_per_step / self.step_time if self.step_time else 0.0
         self.log(f"done at step {res.final_step} ({res.stopped}); {res.tokens_per_s:.0f} tokens/s; last checkpoint "
                  f"{res.last_checkpoint}")
+        self.scalars.close(step=res.final_step, stopped=res.stopped, exit_code=res.exit_code,
+                           loss=res.losses[-1] if res.losses else None, tokens_per_s=round(res.tokens_per_s, 1))
         return res
 
 # %% ../../nbs/api/43_trainer.ipynb #d0ee4f28
