@@ -153,10 +153,10 @@ def _hms(s) -> str:
     if s is None: return '–'
     s = int(s); return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
-def status_table(job_id, run_dir=None, max_steps: int | None = None, log_lines: int = 200) -> 'Table':
-    "A one-row `Table` of `job_id`: state, nodes, elapsed, step/max, loss, tokens/s, ETA."
+def status_table(job_id, run_dir=None, max_steps: int | None = None, log_lines: int = 200, status=None) -> 'Table':
+    "A one-row `Table` of `job_id`: state, nodes, elapsed, step/max, loss, tokens/s, ETA (of `status` when given)."
     from nxpretrain.machine import Table
-    s = job_status(job_id, run_dir)
+    s = status or job_status(job_id, run_dir)
     p = progress(run_dir, max_steps, log_tail(job_id, log_lines))
     step = f"{p['step']}/{p['max_steps'] or '?'}"
     eta = '0:00:00' if s.done else _hms(p['eta_s'])
@@ -214,7 +214,8 @@ def _job_view(job_id, run_dir, max_steps, tail, nodes=True):
         fig = plot_run(run_dir)
         plt.close(fig)              # shown through its display id, not again at the cell's end
     log = log_tail(job_id, tail)
-    table = status_table(job_id, run_dir, max_steps)
+    # the status just read, not a second query: a job that ends in between would show two states in one view
+    table = status_table(job_id, run_dir, max_steps, status=s)
     node_view = _node_view(s, job_id) if nodes else None
     node_view = _Text('') if node_view is None else node_view
     return s, [table, _Text(log or 'no log yet'), node_view, fig or _Text('no curves yet')]
