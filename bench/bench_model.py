@@ -1,13 +1,14 @@
 """Single-process training-step speed of nxpretrain's GPT against HF transformers' GPT2LMHeadModel, side by side.
 
 Same config (≈30M parameters: 8 layers × 512, 8 heads, vocabulary 8192, sequence 256), same weights, same data,
-same optimizer (AdamW), same threads and precision. Steps of the two models alternate, so load from other processes
+same optimizer, same threads and precision. The plain loops step as HF's `Trainer` does by default (transformers with
+torch ≥ 2.8: fused AdamW, gradient clipping at 1.0); the engine rows are nxpretrain's trainer step itself. Steps of the two models alternate, so load from other processes
 hits both alike; the median step time of each is reported with the ratio, the measured matmul peaks of the machine
 and MFU (model FLOPs, `nxpretrain.perf` convention). bf16 autocast rows run only where the device has fast bf16
 matmuls (a CPU without AVX-512-BF16/AMX multiplies bf16 ~50× slower than fp32; then the bf16 rows are skipped and said so).
 
     python bench/bench_model.py                       # fp32 and (if fast) bf16, 2 threads
-    python bench/bench_model.py --precision fp32 --steps 5 --compile
+    python bench/bench_model.py --precision fp32 --steps 5 --compile   # also the trainer step with trainer.compile=true
 """
 import argparse, copy, statistics, time, sys, os
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,28 +31,33 @@ def parse():
     p.add_argument('--steps', type=int, default=4, help='timed steps per model and precision')
     p.add_argument('--warmup', type=int, default=1)
     p.add_argument('--precision', default='fp32,bf16', help='comma-separated: fp32, bf16 (autocast)')
-    p.add_argument('--compile', action='store_true', help='also time torch.compile of our model (inductor)')
+    p.add_argument('--compile', action='store_true', help="also time the trainer's step with trainer.compile=true (inductor)")
     p.add_argument('--force-bf16', action='store_true', help='run bf16 rows even where bf16 matmuls are slow')
     p.add_argument('--peak-seconds', type=float, default=2.0)
     p.add_argument('--profile', action='store_true', help='also print where each step spends its time (torch.profiler)')
     return p.parse_args()
 
 def trainer(forward, model, tokens, bf16):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    "A step as HF's Trainer takes it by default: fused AdamW (adamw_torch_fused), gradients clipped at 1.0."
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     def step():
         with torch.autocast('cpu', torch.bfloat16, enabled=bf16):
             logits = forward(tokens[:, :-1])
             loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
-        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
         return loss.item()
     return step
 
-def engine_trainer(model, tokens, bf16, recipe, state):
+def engine_trainer(model, tokens, bf16, recipe, state, compile=False):
     "The trainer's step: the parallel engine in a world of one (loss over global counts, global norm, clipping, fused AdamW)."
     from nxpretrain.parallel.engine import parallelize
     from nxpretrain.train.optim import optimizer_spec
     r = override(recipe, f'data.micro_batch={tokens.shape[0]}', f'data.global_batch={tokens.shape[0]}',
-                 f"parallel.precision={'bf16' if bf16 else 'fp32'}", 'optim.lr=1e-4', 'optim.weight_decay=0.0')
+                 f"parallel.precision={'bf16' if bf16 else 'fp32'}", 'optim.lr=1e-4', 'optim.weight_decay=0.0',
+                 f'trainer.compile={compile}')
     pm = parallelize(model, r, state)
     cls, kw = optimizer_spec(r.optim, fused=True)
     opt = pm.build_optimizer(cls, **kw)
@@ -103,11 +109,10 @@ def main():
             continue
         models = {'nxpretrain GPT': copy.deepcopy(ours), 'HF GPT2LMHeadModel': copy.deepcopy(hf)}
         fwd = {'nxpretrain GPT': models['nxpretrain GPT'], 'HF GPT2LMHeadModel': lambda t, m=models['HF GPT2LMHeadModel']: m(input_ids=t, use_cache=False).logits}
-        if a.compile:
-            models['nxpretrain GPT compiled'] = copy.deepcopy(ours)
-            fwd['nxpretrain GPT compiled'] = torch.compile(models['nxpretrain GPT compiled'])
         steps = {k: trainer(fwd[k], models[k], tokens, bf16) for k in models}
         steps['nxpretrain trainer step (engine, world of one)'] = engine_trainer(copy.deepcopy(ours), tokens, bf16, recipe, state)
+        if a.compile:
+            steps['nxpretrain trainer step, compiled blocks'] = engine_trainer(copy.deepcopy(ours), tokens, bf16, recipe, state, True)
         losses = {}
         for k, s in steps.items():
             t0 = time.perf_counter()

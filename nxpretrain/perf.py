@@ -28,8 +28,11 @@ def measure_matmul_tflops(dtype=torch.bfloat16, device='cpu', size: int | None =
     "Best measured dense matmul rate (TFLOP/s) in `dtype` on `device`, square matrices up to `size` (default 2048 on CPU, 8192 else)."
     device = torch.device(device)
     top, n, best = size or (2048 if device.type == 'cpu' else 8192), 256, 0.0
+    # a generator of its own: a measurement in the middle of training must not move the dropout stream
+    g = torch.Generator(device).manual_seed(0)
     while True:  # grow the size while the next product (8× the work) fits the budget: slow dtypes stay small
-        a, b = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
+        a = torch.randn(n, n, device=device, generator=g).to(dtype)
+        b = torch.randn(n, n, device=device, generator=g).to(dtype)
         _time_matmul(a, b, device); t = _time_matmul(a, b, device)
         best = max(best, 2 * n ** 3 / t)
         if n >= top or t * 8 > seconds / 2: break

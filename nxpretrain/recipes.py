@@ -113,6 +113,8 @@ class TrainerConfig:
     resume: bool = True                  # auto-resume from the newest complete checkpoint
     upload_to: str = ''                  # s3://bucket/prefix: copy each complete checkpoint there (nxpretrain.train.mirror)
     loggers: str = 'tensorboard'         # comma list of tensorboard, mlflow, wandb (nxpretrain.train.trackers)
+    compile: bool = False                # torch.compile each transformer block (nxpretrain.parallel.compile)
+    compile_cache: str = ''              # compiled code kept here for later runs; '' = ~/.cache/nxpretrain/compile-cache
 
 # %% ../nbs/api/00_recipes.ipynb #aa347d24
 @dataclass

@@ -241,7 +241,8 @@ def trace_rank(r: Recipe | str, rank: int, limit: int | None = None) -> RankTrac
     t0, n, k = time.time(), micro_batches(r), traced_micro_batches(r, limit)
     # DP sums overlapped with backward run inside the last micro-batch, where the trace would scale them as one per
     # micro-batch; summed after backward they are the same bytes, counted once
-    rk = override(with_micro_batches(r, k), 'parallel.overlap_grad_reduce=false')
+    # a compiled block holds what its eager form holds, give or take fused temporaries: traced eager
+    rk = override(with_micro_batches(r, k), 'parallel.overlap_grad_reduce=false', 'trainer.compile=false')
     with fake_rank(rk, rank) as st:
         pm = build_parallel_model(rk, st, device='meta')
         if rk.parallel.pp > 1: attach_schedule(pm)

@@ -33,7 +33,7 @@ def test_the_trainer_does_not_duck_type_the_model():
 
 def test_the_engine_composes_its_concern_modules():
     text = (PKG / 'parallel' / 'engine.py').read_text()
-    for concern in ('loss', 'pipeline', 'tensor', 'context', 'activation', 'data', 'init', 'zero'):
+    for concern in ('loss', 'pipeline', 'tensor', 'context', 'activation', 'compile', 'data', 'init', 'zero'):
         assert f'from .{concern} import' in text or f'nxpretrain.parallel.{concern} import' in text, concern
     tree = ast.parse(text)
     attached = [n for n in tree.body if isinstance(n, ast.Assign) and any(

@@ -13,6 +13,7 @@ from .launcher import get_launcher
 from .local import run_local
 from .nxdt import export_trn1, parse_compile_log
 from .watch import ProgressReader
+from ..parallel.compile import compile_cache_dir
 
 # %% auto #0
 __all__ = ['CompileReport', 'memory_check', 'cache_env', 'compile_stage']
@@ -84,7 +85,10 @@ def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', ov
     rep.fits, rep.memory = memory_check(r)
     if not rep.fits:
         rep.reason = 'the model does not fit the device: change the layout first'; show(rep); return rep
-    rep.cache_env = cache_env(cache_dir or out_dir / 'compile-cache', prof.backend)
+    # NxD Training reads the Neuron cache beside its job; inductor's is the recipe's, which the training job reads too
+    default_cache = out_dir / 'compile-cache' if prof.backend == 'xla' else compile_cache_dir(r)
+    rep.cache_env = cache_env(cache_dir or default_cache, prof.backend)
+    Path(cache_dir or default_cache).mkdir(parents=True, exist_ok=True)
     local = not cluster and prof.name == 'local' and r.cluster.nodes == 1
     if prof.backend == 'xla':
         rep.job = export_trn1(r, out_dir, cache_url=rep.cache_env['NEURON_COMPILE_CACHE_URL'])['compile']

@@ -21,6 +21,7 @@ from .pipeline import pipeline_stages, split_stage, build_schedule, forward_only
 from .tensor import replicate_kv_heads, kv_replicated_params, sum_kv_replica_grads, apply_tp
 from .context import use_ring_attention, add_positions_hook
 from .activation import apply_activation_checkpointing
+from .compile import compile_blocks
 from .data import apply_fsdp, dp_shard
 from .init import init_parts
 
@@ -321,6 +322,7 @@ def _apply_layout(part: nn.Module, stage: int, recipe: Recipe, state: ParallelSt
     if p.loss_chunk and getattr(part, 'output', None) is not None:   # the loss computes the logits, chunk by chunk
         part.output = ChunkedHead(part.output, p.loss_chunk, Shard(1) if sp else Replicate())
     apply_activation_checkpointing(part, p.activation_checkpointing, p.checkpoint_modules)
+    if recipe.trainer.compile: compile_blocks(part)   # after TP and recompute, before FSDP wraps the blocks
     if p.fsdp and state.dp * state.cp > 1: apply_fsdp(part, state.sub('dp', 'cp'), p.precision)
 
 def parallelize(model: nn.Module, recipe: Recipe, state: ParallelState | None = None, schedule: bool = True) -> ParallelModel:

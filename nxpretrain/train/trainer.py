@@ -237,6 +237,9 @@ class Trainer:
         from nxpretrain.recipes import to_yaml
         tr = self.recipe.trainer
         if tr.threads > 0: torch.set_num_threads(tr.threads)
+        if tr.compile:   # before the first compile reads where its cache is
+            from nxpretrain.parallel.compile import use_compile_cache
+            use_compile_cache(self.recipe)
         self.st, self.is_main, self.n_world = state, rank() == 0, world()
         self.log = _logger(self.run_dir / 'train.log' if self.is_main else None)
         self.recipe = precision_for_device(self.recipe, self.st.torch_device, self.log)
@@ -325,6 +328,9 @@ class Trainer:
         self.result.time_to_first_step_s = time.perf_counter() - self.t_entry
         parts = ', '.join(f"{k} {v:.1f} s" for k, v in self.setup_s.items())
         self.log(f"first step done {self.result.time_to_first_step_s:.1f} s after train() started ({parts}, step {dt:.1f} s)")
+        if self.recipe.trainer.compile:
+            from nxpretrain.parallel.compile import compile_summary
+            self.log(compile_summary(self.recipe))
 
     def evaluate(self):
         "Validation every `eval_every` steps."
