@@ -87,20 +87,39 @@ def progress_text(d) -> str:
     return shown[0].text
 
 
+def kernel_status(d) -> str:
+    return ' '.join(e.text for e in d.find_elements(By.CSS_SELECTOR, '#jp-main-statusbar'))
+
+
+def open_notebook(d, url: str, token: str, name: str):
+    "Open notebook `name` in JupyterLab and wait for its cells and an idle kernel (the news prompt dismissed)."
+    d.get(f'{url}/lab/tree/{name}?token={token}')
+    assert wait_for(lambda: d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .cm-content'), 60), f'{name} did not open'
+    assert wait_for(lambda: 'Idle' in kernel_status(d), 90), f'the kernel did not start: {kernel_status(d)}'
+    for b in d.find_elements(By.XPATH, "//button[.//*[text()='No'] or text()='No']"):   # the news prompt
+        if b.is_displayed(): b.click()
+
+
+def add_parameters(d, *lines: str):
+    "As a person does: a click on the parameters cell's prompt, Enter to edit it, new last lines, Escape."
+    prompt = d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .jp-InputPrompt')[0]
+    keys = ActionChains(d).click(prompt).send_keys(Keys.ENTER)
+    keys.key_down(Keys.CONTROL).send_keys(Keys.END).key_up(Keys.CONTROL)
+    for line in lines: keys.send_keys(Keys.ENTER, line)
+    keys.send_keys(Keys.ESCAPE).perform()
+
+
+def all_cells_ran(d) -> bool:
+    "The kernel is idle and every cell has run (Run All leaves the last cell active and in view)."
+    prompts = [e.text for e in d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
+    return 'Idle' in kernel_status(d) and not any('*' in p for p in prompts) and bool(re.fullmatch(r'\[\d+\]:', prompts[-1]))
+
+
 def test_04_train_in_jupyterlab(lab, browser):
     url, token, folder = lab
     d = browser
-    d.get(f'{url}/lab/tree/04_train.ipynb?token={token}')
-    assert wait_for(lambda: d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .cm-content'), 60), 'the notebook did not open'
-    status = lambda: ' '.join(e.text for e in d.find_elements(By.CSS_SELECTOR, '#jp-main-statusbar'))
-    assert wait_for(lambda: 'Idle' in status(), 90), f'the kernel did not start: {status()}'
-    for b in d.find_elements(By.XPATH, "//button[.//*[text()='No'] or text()='No']"):   # the news prompt
-        if b.is_displayed(): b.click()
-    # As a person does: a click on the parameters cell's prompt, Enter to edit it, a new last line, Escape.
-    prompt = d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .jp-InputPrompt')[0]
-    keys = ActionChains(d).click(prompt).send_keys(Keys.ENTER)
-    keys.key_down(Keys.CONTROL).send_keys(Keys.END).key_up(Keys.CONTROL).send_keys(Keys.ENTER, 'max_steps = 12  # a short run')
-    keys.send_keys(Keys.ESCAPE).perform()
+    open_notebook(d, url, token, '04_train.ipynb')
+    add_parameters(d, 'max_steps = 12  # a short run')
     params = d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .cm-content')[0]
     assert params.text.rstrip().endswith('max_steps = 12  # a short run'), params.text
     shot(d, '04_train-parameters.png')
@@ -142,16 +161,12 @@ def test_02_plan_in_jupyterlab(lab, browser):
     "02_plan run all from the Run menu: every cell runs, no error output, its tables shown."
     url, token, folder = lab
     d = browser
-    d.get(f'{url}/lab/tree/02_plan.ipynb?token={token}')
-    status = lambda: ' '.join(e.text for e in d.find_elements(By.CSS_SELECTOR, '#jp-main-statusbar'))
-    assert wait_for(lambda: 'Idle' in status(), 90), f'the kernel did not start: {status()}'
+    open_notebook(d, url, token, '02_plan.ipynb')
     click_menu(d, 'Run', 'Run All Cells')
-    prompts = lambda: [e.text for e in d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
-    # Run All leaves the last cell active and in view (JupyterLab renders only the cells in view): done when it has run
-    finished = lambda: 'Idle' in status() and not any('*' in p for p in prompts()) and re.fullmatch(r'\[\d+\]:', prompts()[-1])
-    done = wait_for(lambda: finished() and (time.sleep(2) or finished()), 240)
+    # JupyterLab renders only the cells in view: done when the last one has run, twice in a row
+    done = wait_for(lambda: all_cells_ran(d) and (time.sleep(2) or all_cells_ran(d)), 240)
     shot(d, '02_plan-done.png')
-    assert done, prompts()
+    assert done, 'not every cell of 02_plan ran'
     outputs = ' '.join(e.text for e in d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea'))
     assert 'Traceback' not in outputs and 'Error displaying widget' not in outputs, outputs[-2000:]
     assert not d.find_elements(By.CSS_SELECTOR, '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.error"]')

@@ -4,10 +4,9 @@ table keeps redrawing in the background with new steps; cancelled, the view ends
 import os, re, secrets, shutil, subprocess, time, urllib.request
 from pathlib import Path
 import pytest
-from test_browser import ROOT, browser, click_menu, shot, wait_for, why_no_browser  # noqa: F401 (browser: a fixture)
+from test_browser import (ROOT, browser, click_menu, shot, wait_for, why_no_browser,  # noqa: F401 (browser: a fixture)
+                          open_notebook, add_parameters, all_cells_ran, kernel_status)
 from selenium.webdriver.common.by import By
-from selenium.webdriver.common.keys import Keys
-from selenium.webdriver.common.action_chains import ActionChains
 
 pytestmark = pytest.mark.timeout(420)
 STEPS = ['data.corpus=synthetic', 'model.n_layers=1', 'model.hidden=32', 'model.n_heads=2', 'model.seq_len=16',
@@ -69,28 +68,17 @@ def shot_table(d, name: str):
 def test_05_monitor_redraws_a_running_job_while_the_kernel_is_idle(lab_and_job, browser):
     url, token, jid, out_dir, ln = lab_and_job
     d = browser
-    d.get(f'{url}/lab/tree/05_monitor.ipynb?token={token}')
-    assert wait_for(lambda: d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .cm-content'), 60), 'the notebook did not open'
-    status = lambda: ' '.join(e.text for e in d.find_elements(By.CSS_SELECTOR, '#jp-main-statusbar'))
-    assert wait_for(lambda: 'Idle' in status(), 90), f'the kernel did not start: {status()}'
-    for b in d.find_elements(By.XPATH, "//button[.//*[text()='No'] or text()='No']"):   # the news prompt
-        if b.is_displayed(): b.click()
-    prompt = d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .jp-InputPrompt')[0]
-    keys = ActionChains(d).click(prompt).send_keys(Keys.ENTER)
-    keys.key_down(Keys.CONTROL).send_keys(Keys.END).key_up(Keys.CONTROL)
-    keys.send_keys(Keys.ENTER, f"job = '{jid}'", Keys.ENTER, f"out_dir = '{out_dir}'")
-    keys.send_keys(Keys.ESCAPE).perform()
+    open_notebook(d, url, token, '05_monitor.ipynb')
+    add_parameters(d, f"job = '{jid}'", f"out_dir = '{out_dir}'")
     click_menu(d, 'Run', 'Run All Cells')
-    prompts = lambda: [e.text for e in d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
-    finished = lambda: 'Idle' in status() and not any('*' in p for p in prompts()) and re.fullmatch(r'\[\d+\]:', prompts()[-1])
-    assert wait_for(lambda: finished() and (time.sleep(1) or finished()), 180), prompts()
+    assert wait_for(lambda: all_cells_ran(d) and (time.sleep(1) or all_cells_ran(d)), 180), 'not every cell of 05_monitor ran'
     step = lambda: (m := re.search(r'RUNNING.*?\b(\d+)/100000', status_row(d))) and int(m.group(1))
     first = wait_for(step, 30, 0.25)
     assert first, f'no running status row: {status_row(d)!r}'
     shot_table(d, '05_monitor-first.png')
     # the kernel is idle (every cell ran) and the view still moves: redrawn in the background
-    later = wait_for(lambda: (s := step()) and s > first and 'Idle' in status() and s, 60, 0.5)
-    assert later, f'the status stayed at step {first} (kernel: {status()})'
+    later = wait_for(lambda: (s := step()) and s > first and 'Idle' in kernel_status(d) and s, 60, 0.5)
+    assert later, f'the status stayed at step {first} (kernel: {kernel_status(d)})'
     shot_table(d, '05_monitor-redrawn.png')
     assert ln.status(jid).state.name == 'RUNNING'
     ln.cancel(jid)
