@@ -1502,8 +1502,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                'nxpretrain/train/checkpoint.py'),
                                              'nxpretrain.train.checkpoint.checkpoint_step': ( 'api/checkpoint.html#checkpoint_step',
                                                                                               'nxpretrain/train/checkpoint.py'),
-                                             'nxpretrain.train.checkpoint.crc_file': ( 'api/checkpoint.html#crc_file',
-                                                                                       'nxpretrain/train/checkpoint.py'),
                                              'nxpretrain.train.checkpoint.latest_checkpoint': ( 'api/checkpoint.html#latest_checkpoint',
                                                                                                 'nxpretrain/train/checkpoint.py'),
                                              'nxpretrain.train.checkpoint.list_checkpoints': ( 'api/checkpoint.html#list_checkpoints',

@@ -3,7 +3,7 @@
 in the parameters cell by typing, runs all cells from the Run menu, and checks what the person sees: the progress bar
 display advancing, the curves as an image, and no widget or kernel error; then it opens the saved notebook again and finds
 the progress's last state there (no "model not found"). Screenshots go to runs/browser/ for the CI log."""
-import os, re, secrets, shutil, subprocess, sys, time, urllib.request
+import contextlib, os, re, secrets, shutil, subprocess, sys, time, urllib.request
 from pathlib import Path
 import pytest
 
@@ -24,28 +24,35 @@ def why_no_browser() -> str:
     return ''
 
 
-@pytest.fixture
-def lab(tmp_path):
-    "JupyterLab on 127.0.0.1 serving a folder with a copy of the stage notebook; (base url, token, folder)."
-    if why := why_no_browser(): pytest.skip(why)
+@contextlib.contextmanager
+def serve_lab(folder: Path, env: dict):
+    "JupyterLab on 127.0.0.1 serving `folder` with `env`; yields (base url, token); shut down (kernels too) on exit."
     from nxpretrain.lab import free_port, lab_argv
-    for nb in ('04_train', '02_plan'): shutil.copy(ROOT / f'nbs/{nb}.ipynb', tmp_path / f'{nb}.ipynb')
     port, token = free_port(18990), secrets.token_hex(16)
-    env = {**os.environ, 'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', '')}
-    env.pop('IN_TEST', None)
-    log = open(tmp_path / 'lab.log', 'w')
-    srv = subprocess.Popen(lab_argv(port, token, tmp_path), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log = open(folder / 'lab.log', 'w')
+    srv = subprocess.Popen(lab_argv(port, token, folder), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         for _ in range(240):
             try: urllib.request.urlopen(f'http://127.0.0.1:{port}/api/status?token={token}', timeout=2); break
             except Exception: time.sleep(0.5)
-        else: pytest.fail('JupyterLab did not answer in 120 s: ' + (tmp_path / 'lab.log').read_text()[-2000:])
-        yield f'http://127.0.0.1:{port}', token, tmp_path
+        else: pytest.fail('JupyterLab did not answer in 120 s: ' + (folder / 'lab.log').read_text()[-2000:])
+        yield f'http://127.0.0.1:{port}', token
     finally:                                     # the server's own shutdown ends its kernels too
         try: urllib.request.urlopen(urllib.request.Request(f'http://127.0.0.1:{port}/api/shutdown?token={token}', method='POST'), timeout=10)
         except Exception: pass
         try: srv.wait(20)
         except subprocess.TimeoutExpired: os.killpg(srv.pid, 9); srv.wait(10)
+
+
+@pytest.fixture
+def lab(tmp_path):
+    "JupyterLab on 127.0.0.1 serving a folder with a copy of the stage notebook; (base url, token, folder)."
+    if why := why_no_browser(): pytest.skip(why)
+    for nb in ('04_train', '02_plan'): shutil.copy(ROOT / f'nbs/{nb}.ipynb', tmp_path / f'{nb}.ipynb')
+    env = {**os.environ, 'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', '')}
+    env.pop('IN_TEST', None)
+    with serve_lab(tmp_path, env) as (url, token):
+        yield url, token, tmp_path
 
 
 @pytest.fixture

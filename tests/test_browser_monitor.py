@@ -1,11 +1,10 @@
 """05_monitor as a person uses it in JupyterLab (Debian's Chromium through Selenium, as in test_browser.py): a real training
 job runs on this machine; the notebook's parameters name it; Run All returns – the kernel is idle – while the job's status
 table keeps redrawing in the background with new steps; cancelled, the view ends on the job's final state."""
-import os, re, secrets, shutil, subprocess, time, urllib.request
-from pathlib import Path
+import os, re, shutil, time
 import pytest
 from test_browser import (ROOT, browser, click_menu, shot, wait_for, why_no_browser,  # noqa: F401 (browser: a fixture)
-                          open_notebook, add_parameters, all_cells_ran, kernel_status)
+                          open_notebook, add_parameters, all_cells_ran, kernel_status, serve_lab)
 from selenium.webdriver.common.by import By
 
 pytestmark = pytest.mark.timeout(420)
@@ -18,7 +17,6 @@ STEPS = ['data.corpus=synthetic', 'model.n_layers=1', 'model.hidden=32', 'model.
 def lab_and_job(tmp_path):
     "JupyterLab serving a copy of 05_monitor, and a long training job of this machine both it and the test see; (url, token, job id, out_dir)."
     if why := why_no_browser(): pytest.skip(why)
-    from nxpretrain.lab import free_port, lab_argv
     from nxpretrain.launch.job import make_job
     from nxpretrain.launch.local import LocalLauncher
     shutil.copy(ROOT / 'nbs/05_monitor.ipynb', tmp_path / '05_monitor.ipynb')
@@ -30,21 +28,11 @@ def lab_and_job(tmp_path):
     ln = LocalLauncher()
     job = make_job('gpt3_tiny', 'local', tmp_path / 'job', overrides=STEPS, scheduler='local')
     jid = ln.submit(job)
-    port, token = free_port(18990), secrets.token_hex(16)
-    log = open(tmp_path / 'lab.log', 'w')
-    srv = subprocess.Popen(lab_argv(port, token, tmp_path), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        for _ in range(240):
-            try: urllib.request.urlopen(f'http://127.0.0.1:{port}/api/status?token={token}', timeout=2); break
-            except Exception: time.sleep(0.5)
-        else: pytest.fail('JupyterLab did not answer in 120 s: ' + (tmp_path / 'lab.log').read_text()[-2000:])
-        yield f'http://127.0.0.1:{port}', token, jid, tmp_path / 'job', ln
+        with serve_lab(tmp_path, env) as (url, token):
+            yield url, token, jid, tmp_path / 'job', ln
     finally:
         ln.cancel(jid)
-        try: urllib.request.urlopen(urllib.request.Request(f'http://127.0.0.1:{port}/api/shutdown?token={token}', method='POST'), timeout=10)
-        except Exception: pass
-        try: srv.wait(20)
-        except subprocess.TimeoutExpired: os.killpg(srv.pid, 9); srv.wait(10)
         for k, v in old.items():
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v

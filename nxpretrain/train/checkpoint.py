@@ -5,16 +5,17 @@
 # %% ../../nbs/api/41_checkpoint.ipynb #6d14d4d4
 from __future__ import annotations
 import contextlib, io, json, os, pickle, shutil, threading, time, warnings
-import crc32c
 from dataclasses import dataclass, asdict
 from pathlib import Path
+import crc32c
 from ..errors import CheckpointError
+from ..data.indexed import file_crc32c
 
 # %% auto #0
-__all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'step_dir', 'checkpoint_step', 'crc_file', 'verify_checkpoint',
-           'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world', 'quiet_dcp', 'barrier',
-           'broadcast_object', 'rng_state', 'set_rng_state', 'Checkpointer', 'ChecksummedFile', 'shard_writer',
-           'load_weights', 'TrainState', 'TrainingStateDict']
+__all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'step_dir', 'checkpoint_step', 'verify_checkpoint', 'list_checkpoints',
+           'latest_checkpoint', 'safe_reader', 'rank', 'world', 'quiet_dcp', 'barrier', 'broadcast_object', 'rng_state',
+           'set_rng_state', 'Checkpointer', 'ChecksummedFile', 'shard_writer', 'load_weights', 'TrainState',
+           'TrainingStateDict']
 
 # %% ../../nbs/api/41_checkpoint.ipynb #c7ee9ec9
 MARKER = 'COMPLETE'              # written last: its presence means every shard is on disk
@@ -29,13 +30,6 @@ def checkpoint_step(path) -> int | None:
 
 # %% ../../nbs/api/41_checkpoint.ipynb #ed87dfa7
 CHECKSUM = 'crc32c'
-
-def crc_file(path, block: int = 8 << 20) -> int:
-    "CRC-32C of a file's bytes."
-    crc = 0
-    with open(path, 'rb') as f:
-        while chunk := f.read(block): crc = crc32c.crc32c(chunk, crc)
-    return crc
 
 def _write_atomic(path, text: str):
     "Write `text` to `path` via a temporary file, fsync and rename, so readers see all or nothing."
@@ -59,7 +53,7 @@ def verify_checkpoint(path, deep: bool = True) -> dict:
         f = path / name
         if not f.exists(): raise CheckpointError(f"{f}: missing file of a complete checkpoint; the checkpoint is corrupted")
         if f.stat().st_size != size: raise CheckpointError(f"{f}: {f.stat().st_size} bytes, the manifest says {size} (truncated or overwritten); the checkpoint is corrupted")
-        if deep and crc is not None and crc_file(f) != crc: raise CheckpointError(f"{f}: CRC-32C mismatch with the manifest (bytes changed on disk); the checkpoint is corrupted")
+        if deep and crc is not None and file_crc32c(f) != crc: raise CheckpointError(f"{f}: CRC-32C mismatch with the manifest (bytes changed on disk); the checkpoint is corrupted")
     return manifest
 
 # %% ../../nbs/api/41_checkpoint.ipynb #b1fceac6
@@ -216,7 +210,7 @@ def shard_writer(path):
 # %% ../../nbs/api/41_checkpoint.ipynb #e01e3f14
 def _report_rank_files(d: Path, r: int, shard_files: dict):
     rng = d / f'rng_rank{r}.safetensors'
-    _write_atomic(d / f'.done_rank{r}.json', json.dumps({**shard_files, rng.name: [rng.stat().st_size, crc_file(rng)]}))
+    _write_atomic(d / f'.done_rank{r}.json', json.dumps({**shard_files, rng.name: [rng.stat().st_size, file_crc32c(rng)]}))
 
 def _finish(d: Path, n_ranks: int, timeout_s: float) -> dict:
     "Rank 0: gather every rank's report, write the manifest marker last."
@@ -227,7 +221,7 @@ def _finish(d: Path, n_ranks: int, timeout_s: float) -> dict:
             if time.time() - t0 > timeout_s: raise CheckpointError(f"{d}: rank {r} did not finish writing within {timeout_s:.0f} s; the checkpoint stays partial")
             time.sleep(0.05)
         files.update(json.loads(f.read_text()))
-    for name in ('.metadata', TRAINER_STATE): files[name] = [(d / name).stat().st_size, crc_file(d / name)]
+    for name in ('.metadata', TRAINER_STATE): files[name] = [(d / name).stat().st_size, file_crc32c(d / name)]
     manifest = dict(step=checkpoint_step(d), world=n_ranks, time=time.time(), checksum=CHECKSUM, files=files)
     _write_atomic(d / MARKER, json.dumps(manifest, indent=1))
     return manifest
