@@ -46,9 +46,12 @@ def main(argv: list[str] | None = None) -> int:
                     async_save=a.async_save, progress=not a.no_progress)
     except (RecipeError, CheckpointError, DataError) as e:
         print(f"error: {e}", file=sys.stderr); return EXIT_BAD_INPUT
-    if rank() == 0:
-        Path(res.out_dir, EXIT_STATUS_FILE).write_text(json.dumps(dict(code=res.exit_code, stopped=res.stopped, step=res.final_step,
-                                                                      checkpoint=res.last_checkpoint, time=time.time())))
+    if rank() == 0:   # through a temporary file and a rename: a reader never sees two writers' bytes mixed
+        f = Path(res.out_dir, EXIT_STATUS_FILE)
+        tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(dict(code=res.exit_code, stopped=res.stopped, step=res.final_step,
+                                       checkpoint=res.last_checkpoint, time=time.time())))
+        os.replace(tmp, f)
     return res.exit_code
 
 # %% ../../nbs/api/44_entry.ipynb #eebd309d
