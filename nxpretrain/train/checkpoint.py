@@ -12,10 +12,10 @@ from ..errors import CheckpointError
 from ..data.indexed import file_crc32c
 
 # %% auto #0
-__all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'step_dir', 'checkpoint_step', 'verify_checkpoint', 'list_checkpoints',
-           'latest_checkpoint', 'safe_reader', 'rank', 'world', 'quiet_dcp', 'barrier', 'broadcast_object', 'rng_state',
-           'set_rng_state', 'Checkpointer', 'ChecksummedFile', 'shard_writer', 'load_weights', 'TrainState',
-           'TrainingStateDict']
+__all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'step_dir', 'checkpoint_step', 'write_atomic', 'verify_checkpoint',
+           'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world', 'quiet_dcp', 'barrier',
+           'broadcast_object', 'rng_state', 'set_rng_state', 'Checkpointer', 'ChecksummedFile', 'shard_writer',
+           'load_weights', 'TrainState', 'TrainingStateDict']
 
 # %% ../../nbs/api/41_checkpoint.ipynb #c7ee9ec9
 MARKER = 'COMPLETE'              # written last: its presence means every shard is on disk
@@ -31,7 +31,7 @@ def checkpoint_step(path) -> int | None:
 # %% ../../nbs/api/41_checkpoint.ipynb #ed87dfa7
 CHECKSUM = 'crc32c'
 
-def _write_atomic(path, text: str):
+def write_atomic(path, text: str):
     "Write `text` to `path` via a temporary file, fsync and rename, so readers see all or nothing."
     path = Path(path); tmp = path.with_name(path.name + '.tmp')
     with open(tmp, 'w') as f: f.write(text); f.flush(); os.fsync(f.fileno())
@@ -210,7 +210,7 @@ def shard_writer(path):
 # %% ../../nbs/api/41_checkpoint.ipynb #e01e3f14
 def _report_rank_files(d: Path, r: int, shard_files: dict):
     rng = d / f'rng_rank{r}.safetensors'
-    _write_atomic(d / f'.done_rank{r}.json', json.dumps({**shard_files, rng.name: [rng.stat().st_size, file_crc32c(rng)]}))
+    write_atomic(d / f'.done_rank{r}.json', json.dumps({**shard_files, rng.name: [rng.stat().st_size, file_crc32c(rng)]}))
 
 def _finish(d: Path, n_ranks: int, timeout_s: float) -> dict:
     "Rank 0: gather every rank's report, write the manifest marker last."
@@ -223,7 +223,7 @@ def _finish(d: Path, n_ranks: int, timeout_s: float) -> dict:
         files.update(json.loads(f.read_text()))
     for name in ('.metadata', TRAINER_STATE): files[name] = [(d / name).stat().st_size, file_crc32c(d / name)]
     manifest = dict(step=checkpoint_step(d), world=n_ranks, time=time.time(), checksum=CHECKSUM, files=files)
-    _write_atomic(d / MARKER, json.dumps(manifest, indent=1))
+    write_atomic(d / MARKER, json.dumps(manifest, indent=1))
     return manifest
 
 # %% ../../nbs/api/41_checkpoint.ipynb #aa1f9f96
@@ -271,7 +271,7 @@ def save(self: Checkpointer, step: int, state: dict, trainer_state: dict, planne
     if r == 0:
         if d.exists(): shutil.rmtree(d)  # left by a killed save of the same step
         d.mkdir(parents=True)
-        _write_atomic(d / TRAINER_STATE, json.dumps(trainer_state, indent=1))
+        write_atomic(d / TRAINER_STATE, json.dumps(trainer_state, indent=1))
     barrier()
     save_file(rng_state(), str(rng := d / f'rng_rank{r}.safetensors'))
     with open(rng, 'rb') as f: os.fsync(f.fileno())   # on disk before the marker names it

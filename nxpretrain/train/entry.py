@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     "Parse `argv`, train, write `exit_status.json`, return the exit code."
     from nxpretrain.recipes import get_recipe
     from nxpretrain.train.trainer import train
-    from nxpretrain.train.checkpoint import rank
+    from nxpretrain.train.checkpoint import write_atomic
     a = parser().parse_intermixed_args(argv)
     try:
         recipe = get_recipe(a.recipe, *a.overrides)
@@ -46,12 +46,10 @@ def main(argv: list[str] | None = None) -> int:
                     async_save=a.async_save, progress=not a.no_progress)
     except (RecipeError, CheckpointError, DataError) as e:
         print(f"error: {e}", file=sys.stderr); return EXIT_BAD_INPUT
-    if rank() == 0:   # through a temporary file and a rename: a reader never sees two writers' bytes mixed
-        f = Path(res.out_dir, EXIT_STATUS_FILE)
-        tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(dict(code=res.exit_code, stopped=res.stopped, step=res.final_step,
-                                       checkpoint=res.last_checkpoint, time=time.time())))
-        os.replace(tmp, f)
+    # train() has torn the process group down, where rank() is 0 on every rank: torchrun's RANK says who writes
+    if int(os.environ.get('RANK', 0)) == 0:
+        write_atomic(Path(res.out_dir, EXIT_STATUS_FILE), json.dumps(dict(code=res.exit_code, stopped=res.stopped,
+                     step=res.final_step, checkpoint=res.last_checkpoint, time=time.time())))
     return res.exit_code
 
 # %% ../../nbs/api/44_entry.ipynb #eebd309d
