@@ -648,6 +648,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'nxpretrain/launch/slurm.py'),
                                          'nxpretrain.launch.slurm._expand_log': ( 'api/slurm.html#_expand_log',
                                                                                   'nxpretrain/launch/slurm.py'),
+                                         'nxpretrain.launch.slurm._number': ('api/slurm.html#_number', 'nxpretrain/launch/slurm.py'),
                                          'nxpretrain.launch.slurm._slurm': ('api/slurm.html#_slurm', 'nxpretrain/launch/slurm.py'),
                                          'nxpretrain.launch.slurm._srun_options': ( 'api/slurm.html#_srun_options',
                                                                                     'nxpretrain/launch/slurm.py'),

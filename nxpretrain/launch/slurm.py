@@ -8,7 +8,7 @@ import json, os, re, shlex, shutil, subprocess, time
 from pathlib import Path
 from ..errors import EXIT_REQUEUE, SlurmError
 from ..clusters import ClusterProfile, profile
-from .launcher import JobState, JobStatus, Launcher, find_records, record_job, register, tail_file
+from .launcher import END_STATES, JobState, JobStatus, Launcher, find_records, record_job, register, tail_file
 from .job import Job, export_lines, plain_value, quote_argv, torchrun_argv, write_job
 from .slurmcheck import explain_slurm, slurm_problem
 
@@ -130,18 +130,32 @@ def job_state(word: str) -> JobState:
     return _ENDED.get(word, JobState.UNKNOWN)
 
 # %% ../../nbs/api/56_slurm.ipynb #b674f486
+def _number(v):
+    "A plain number of squeue's JSON, from either form (an unset one is 0)."
+    if isinstance(v, dict): return v.get('number', 0) if v.get('set', True) else 0
+    return v
+
+_NUMBERS = ('job_id', 'array_job_id', 'array_task_id', 'start_time', 'end_time', 'node_count', 'restart_cnt')
+
+# %% ../../nbs/api/56_slurm.ipynb #1469671a
 def _status(j: dict, cluster: str) -> JobStatus:
-    "A squeue --json row as a `JobStatus`."
-    now, start = time.time(), j.get('start_time') or 0
+    "A squeue --json row (of any Slurm since 22.05) as a `JobStatus`."
+    j = j | {k: _number(j[k]) for k in _NUMBERS if k in j}
+    if not j.get('array_job_id'): j['array_task_id'] = None       # a plain job: no task number in its id or log
+    start = j.get('start_time') or 0
+    end = j.get('end_time') or 0
     tid = j.get('array_task_id')
     jid = f"{j['array_job_id']}_{tid}" if j.get('array_job_id') and tid is not None else str(j['job_id'])
     word = j.get('job_state', '')
     word = word[0] if isinstance(word, list) and word else word
     state = job_state(word)
+    elapsed = 0
+    if state == JobState.RUNNING and start: elapsed = int(time.time() - start)
+    elif state in END_STATES and start and end >= start: elapsed = int(end - start)
+    nodes = j.get('nodes', '')
     return JobStatus(jid, state, 'slurm', cluster, j.get('name', ''), j.get('state_reason', ''),
-                     int(now - start) if state == JobState.RUNNING and start else 0, j.get('restart_cnt', 0),
-                     j.get('node_count', 0), j.get('nodes', ''), _expand_log(j.get('standard_output', ''), j),
-                     scheduler_state=str(word))
+                     elapsed, j.get('restart_cnt', 0), j.get('node_count', 0), nodes if isinstance(nodes, str) else '',
+                     _expand_log(j.get('standard_output', ''), j), scheduler_state=str(word))
 
 # %% ../../nbs/api/56_slurm.ipynb #a0be4e0d
 @register
