@@ -72,7 +72,8 @@ step_nbtest() {
 step_pytest() {
   local rc
   # shellcheck disable=SC2086
-  python3 -m pytest -q tests ${NXP_PYTEST_ARGS:-}; rc=$?
+  # --durations: the slowest tests, so the gate's time can be read from its own log
+  python3 -m pytest -q --durations=25 tests ${NXP_PYTEST_ARGS:-}; rc=$?
   if [ $rc -eq 5 ]; then say "pytest: no tests collected under tests/ (not a failure: nbdev-test ran the notebooks)"; return 0; fi
   [ $rc -ne 0 ] && say "FAIL: pytest exited $rc – the failing tests are listed above"
   return $rc

@@ -87,8 +87,9 @@ def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', ov
         rep.reason = 'the model does not fit the device: change the layout first'; show(rep); return rep
     # NxD Training reads the Neuron cache beside its job; inductor's is the recipe's, which the training job reads too
     default_cache = out_dir / 'compile-cache' if prof.backend == 'xla' else compile_cache_dir(r)
-    rep.cache_env = cache_env(cache_dir or default_cache, prof.backend)
-    Path(cache_dir or default_cache).mkdir(parents=True, exist_ok=True)
+    cache = Path(cache_dir or default_cache)
+    rep.cache_env = cache_env(cache, prof.backend)
+    cache.mkdir(parents=True, exist_ok=True)
     local = not cluster and prof.name == 'local' and r.cluster.nodes == 1
     if prof.backend == 'xla':
         rep.job = export_trn1(r, out_dir, cache_url=rep.cache_env['NEURON_COMPILE_CACHE_URL'])['compile']

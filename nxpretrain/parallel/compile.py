@@ -43,6 +43,6 @@ def compile_counts() -> dict:
 def compile_summary(r: Recipe) -> str:
     "One line on the compile of this process: graphs, cache hits, where the cache is."
     c = compile_counts()
-    where = os.environ.get('TORCHINDUCTOR_CACHE_DIR', str(compile_cache_dir(r) / 'inductor'))
+    where = use_compile_cache(r)          # the folder the trainer pointed inductor at
     return (f"compiled blocks: {c['graphs']} graph(s), {c['cache_hits']} of "
             f"{c['cache_hits'] + c['cache_misses']} compiled kernels' graphs from the cache {where}")
