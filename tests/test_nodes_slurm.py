@@ -51,13 +51,13 @@ def test_monitor_shows_both_nodes_and_the_end(two_nodes, tmp_path):
     try:
         t0 = time.time()
         while str(monitor.job_status(job).state) != 'RUNNING' and time.time() - t0 < 60: time.sleep(0.5)
-        t0 = time.time()
+        running = time.time()
         t = monitor.node_table(job)
         assert t.header == ['node', 'cpu', 'memory', 'accelerators'] and len(t.rows) == 2, t
         assert len({r[0] for r in t.rows}) == 2 and all(r[3] == '–' for r in t.rows), t
         row = monitor.status_table(job).rows[0]
         assert row[2] == 'RUNNING' and row[3].startswith('2 '), row
-        time.sleep(max(0.0, t0 + 2 - time.time()))       # Slurm counts whole seconds: let it run two before the cancel
+        time.sleep(max(0.0, running + 2 - time.time()))       # Slurm counts whole seconds: let it run two before the cancel
     finally:
         subprocess.run(['scancel', job])
     t0 = time.time()

@@ -152,9 +152,8 @@ def _status(j: dict, cluster: str) -> JobStatus:
     elapsed = 0
     if state == JobState.RUNNING and start: elapsed = int(time.time() - start)
     elif state in END_STATES and start and end >= start: elapsed = int(end - start)
-    nodes = j.get('nodes', '')
     return JobStatus(jid, state, 'slurm', cluster, j.get('name', ''), j.get('state_reason', ''),
-                     elapsed, j.get('restart_cnt', 0), j.get('node_count', 0), nodes if isinstance(nodes, str) else '',
+                     elapsed, j.get('restart_cnt', 0), j.get('node_count', 0), j.get('nodes', ''),
                      _expand_log(j.get('standard_output', ''), j), scheduler_state=str(word))
 
 # %% ../../nbs/api/56_slurm.ipynb #a0be4e0d

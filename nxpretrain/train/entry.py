@@ -4,7 +4,7 @@
 
 # %% ../../nbs/api/44_entry.ipynb #143d71c4
 from __future__ import annotations
-import argparse, json, os, sys, time
+import argparse, json, sys, time
 from pathlib import Path
 from ..errors import EXIT_BAD_INPUT, EXIT_REQUEUE, CheckpointError, DataError, RecipeError
 from .trainer import EXIT_OK, EXIT_NONFINITE
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from nxpretrain.recipes import get_recipe
     from nxpretrain.train.trainer import train
     from nxpretrain.train.checkpoint import write_atomic
+    from nxpretrain.parallel.state import launch_env
     a = parser().parse_intermixed_args(argv)
     try:
         recipe = get_recipe(a.recipe, *a.overrides)
@@ -46,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
                     async_save=a.async_save, progress=not a.no_progress)
     except (RecipeError, CheckpointError, DataError) as e:
         print(f"error: {e}", file=sys.stderr); return EXIT_BAD_INPUT
-    # train() has torn the process group down, where rank() is 0 on every rank: torchrun's RANK says who writes
-    if int(os.environ.get('RANK', 0)) == 0:
+    # train() has torn the process group down, where rank() is 0 on every rank: the launcher's rank says who writes
+    if launch_env().rank == 0:
         write_atomic(Path(res.out_dir, EXIT_STATUS_FILE), json.dumps(dict(code=res.exit_code, stopped=res.stopped,
                      step=res.final_step, checkpoint=res.last_checkpoint, time=time.time())))
     return res.exit_code
