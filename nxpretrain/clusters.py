@@ -34,6 +34,11 @@ class ClusterProfile:
     @property
     def host_mb(self) -> int: return self.host_gib * 1024
 
+    @property
+    def device_type(self) -> str:
+        "The torch device type its processes train on: cpu, cuda, neuron, or xla (trn1)."
+        return {'gloo': 'cpu', 'nccl': 'cuda'}.get(self.backend, self.backend)
+
 # %% ../nbs/api/01_clusters.ipynb #b49de64e
 _NEURON_ENV = {'NEURON_RT_STOCHASTIC_ROUNDING_EN': '1', 'MALLOC_ARENA_MAX': '64', 'FI_PROVIDER': 'efa', 'FI_EFA_USE_DEVICE_RDMA': '1',
                'FI_EFA_FORK_SAFE': '1'}

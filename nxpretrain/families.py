@@ -24,6 +24,7 @@ class ModelFamily:
     layouts: tuple = LAYOUTS                         # what the engine can apply to it
     tp_plan: dict = field(default_factory=dict)      # block-relative linear name → 'colwise' | 'rowwise'
     rope: bool = False                               # rotary positions (else a learned position table)
+    norm_keeps: int = 1                              # hidden-size fp32 tensors a norm keeps for backward (RMSNorm: 2)
     hf_architecture: str | None = None               # transformers class name, e.g. 'LlamaForCausalLM'
     hf_tied_head: str | None = None                  # HF key that transformers re-ties from the embedding
     nxdt_source: Literal['hf', 'megatron', None] = None   # how NxD Training builds it on trn1

@@ -6,7 +6,8 @@
 from __future__ import annotations
 import math
 from dataclasses import dataclass, field
-from .recipes import Recipe, ModelConfig, padded_vocab, data_parallel_size, world_size, problems, get_recipe
+from .recipes import (Recipe, ModelConfig, padded_vocab, data_parallel_size, world_size, problems, get_recipe,
+                                attention_kernel, loss_chunk_tokens)
 from .clusters import profile
 import dataclasses
 from .families import family
@@ -113,11 +114,13 @@ def _block_activations(r: Recipe) -> float:
     gathered = lambda n: (n * e if e < 4 else 4) * sbh   # the whole-sequence input of n column-parallel linears
     kv = m.kv_heads * p.kv_replicator / m.n_heads
     attention = gathered(cols.count('attention')) + e * sbh * (2 + 2 * kv) / p.tp   # q, k, v and the output
-    if m.dropout > 0:   # attention dropout: torch's math kernel keeps the fp32 softmax, the mask and the dropped bf16 scores
+    if attention_kernel(r, profile(r.cluster.profile).device_type) == 'dense':   # the kept probabilities
+        attention += e * r.data.micro_batch * m.n_heads / p.tp * m.seq_len ** 2
+    elif m.dropout > 0:   # attention dropout: torch's math kernel keeps the fp32 softmax, the mask and the dropped bf16 scores
         attention += 12 * r.data.micro_batch * m.n_heads / p.tp * (m.seq_len / p.cp) ** 2
     # GELU keeps w1's output and its own; SwiGLU w1's, w3's, SiLU's and their product: 2 per input linear
     mlp = gathered(cols.count('mlp')) + e * sbh * m.ffn / m.hidden * 2 * cols.count('mlp') / p.tp
-    kept = 2 * 4 * sbh / T                               # the two norms' inputs (the fp32 residual stream)
+    kept = 2 * 4 * sbh / T * fam.norm_keeps              # the two norms' inputs (fp32 residual stream); RMSNorm: + output
     for name, full in (('attention', attention), ('mlp', mlp)):
         recomputed = p.activation_checkpointing == 'selective' and name in p.checkpoint_modules
         kept += 4 * sbh if recomputed else full
@@ -164,11 +167,15 @@ def _engine_activations(r: Recipe, dp: int) -> float:
     in_flight = min(_micro_batches(r, dp), p.pp)
     if p.virtual_pp > 1: in_flight *= 1 + (p.pp - 1) / (p.pp * p.virtual_pp)   # interleaving's extra warm-up chunks
     V = padded_vocab(m, p.tp)
-    # the loss's peak: the logits, fp32 log-softmax, and in backward two fp32 gradients of the logits
     e = 2 if p.precision == 'bf16' else 4
     tokens = m.seq_len / p.cp * d.micro_batch
-    if p.loss_chunk: tokens = min(tokens, p.loss_chunk)   # the chunked loss holds one chunk's logits at a time
-    loss = (e + 3 * 4) * tokens * V / p.tp if p.pp == 1 else 0
+    chunk = min(tokens, loss_chunk_tokens(r) or tokens)   # a chunked loss holds one chunk's logits at a time
+    if loss_chunk_tokens(r) and p.tp == 1:
+        # fused: a chunk's logits, their fp32 copy (bf16) and log-softmax; the gradients of the hidden states and head
+        loss = (e + 4 + (4 if e == 2 else 0)) * chunk * V + 4 * (tokens + V) * m.hidden
+    else:   # the logits, fp32 log-softmax, and in backward two fp32 gradients of the logits
+        loss = (e + 3 * 4) * chunk * V / p.tp
+    loss = loss if p.pp == 1 else 0
     casts = 2 * rank_parameters(r)[0] if p.precision == 'bf16' else 0   # autocast's bf16 weight copies, kept for backward
     # under TP the vocabulary-parallel embedding's backward builds the whole (vocab × hidden) gradient before slicing it
     embedding = 4 * V * m.hidden if p.tp > 1 else 0

@@ -14,10 +14,11 @@ from .clusters import profile
 from .families import family
 
 # %% auto #0
-__all__ = ['RecomputeKind', 'TRACKERS', 'DEMO_VOCAB', 'CATALOG', 'ALIASES', 'ModelConfig', 'ParallelConfig', 'DataConfig',
-           'OptimConfig', 'TrainerConfig', 'ClusterConfig', 'Recipe', 'field_keys', 'nearest_field', 'from_dict',
-           'to_dict', 'to_yaml', 'from_yaml', 'override', 'recipe_value', 'padded_vocab', 'world_size',
-           'data_parallel_size', 'choice_fields', 'problems', 'validate', 'resolve_name', 'get_recipe']
+__all__ = ['RecomputeKind', 'TRACKERS', 'DENSE_ATTENTION_MAX_SEQ', 'FUSED_LOSS_CHUNK', 'DEMO_VOCAB', 'CATALOG', 'ALIASES',
+           'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig', 'TrainerConfig', 'ClusterConfig', 'Recipe',
+           'field_keys', 'nearest_field', 'from_dict', 'to_dict', 'to_yaml', 'from_yaml', 'override', 'recipe_value',
+           'padded_vocab', 'world_size', 'data_parallel_size', 'choice_fields', 'problems', 'validate',
+           'attention_kernel', 'loss_chunk_tokens', 'resolve_name', 'get_recipe']
 
 # %% ../nbs/api/00_recipes.ipynb #6f92bc64
 @dataclass
@@ -68,8 +69,9 @@ class ParallelConfig:
     activation_checkpointing: Literal['none', 'full', 'selective'] = 'none'
     checkpoint_modules: list[RecomputeKind] = field(default_factory=list)  # for selective, e.g. [attention, mlp]
     precision: Literal['bf16', 'fp32'] = 'bf16'   # bf16: mixed, fp32 master weights
-    loss_chunk: int = 0                  # tokens per cross-entropy chunk: logits never whole (large vocabularies); 0 = off
+    loss_chunk: int = 0                  # tokens per cross-entropy chunk (logits never whole); 0 = auto (loss_chunk_tokens)
     overlap_grad_reduce: bool = True     # sum DP gradients from backward hooks while backward runs (pp=1, no FSDP)
+    attention: Literal['auto', 'sdpa', 'dense'] = 'auto'   # attention core; auto: dense GEMMs on CPU in bf16 (see attention_kernel)
 
 # %% ../nbs/api/00_recipes.ipynb #85b5558b
 @dataclass
@@ -323,6 +325,7 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
     if p.cp > 1 and m.seq_len % (2 * p.cp):
         out.append(f"model.seq_len={m.seq_len} is not divisible by 2×parallel.cp={2 * p.cp}: load-balanced ring attention cuts the sequence into 2·CP chunks")
     if p.sequence_parallel and p.tp == 1: out.append("parallel.sequence_parallel=true needs parallel.tp > 1: set it false or raise tp")
+    if p.attention == 'dense' and p.cp > 1: out.append("parallel.attention=dense with parallel.cp > 1: context parallelism runs ring attention; set parallel.attention=auto")
     if p.zero1 and p.fsdp: out.append("parallel.zero1 and parallel.fsdp are both set: FSDP already shards optimizer state; keep one")
     if p.loss_chunk < 0: out.append(f"parallel.loss_chunk={p.loss_chunk}: give tokens per loss chunk (e.g. 1024), or 0 for the whole micro-batch")
     if p.activation_checkpointing == 'selective' and not p.checkpoint_modules:
@@ -354,6 +357,28 @@ def validate(recipe: Recipe, world: int | None = None) -> Recipe:
     "Raise `RecipeError` listing every problem of `recipe`; return it unchanged when it is sound."
     if errs := problems(recipe, world): raise RecipeError(f"recipe {recipe.name!r}: " + ('\n  ' if len(errs) > 1 else '') + '\n  '.join(errs))
     return recipe
+
+# %% ../nbs/api/00_recipes.ipynb #15a54d5b
+DENSE_ATTENTION_MAX_SEQ = 512   # beyond it torch's flash kernel is faster on CPU, and the kept S² probabilities grow
+
+def attention_kernel(recipe: Recipe, device_type: str) -> str:
+    """The attention core (`sdpa` or `dense`) of a run of `recipe` on `device_type` (cpu, cuda, neuron):
+    `parallel.attention`, where `auto` means dense for a causal model in bf16 on a CPU, up to
+    `DENSE_ATTENTION_MAX_SEQ` tokens, without attention dropout or context parallelism."""
+    p, m = recipe.parallel, recipe.model
+    if p.attention != 'auto': return p.attention
+    dense = (device_type == 'cpu' and p.precision == 'bf16' and m.dropout == 0 and p.cp == 1
+             and m.seq_len <= DENSE_ATTENTION_MAX_SEQ and family(m.arch).objective == 'causal_lm')
+    return 'dense' if dense else 'sdpa'
+
+# %% ../nbs/api/00_recipes.ipynb #2024843d
+FUSED_LOSS_CHUNK = 512   # tokens per chunk of the fused loss when parallel.loss_chunk=0
+
+def loss_chunk_tokens(recipe: Recipe) -> int:
+    "Tokens per cross-entropy chunk in the engine: `parallel.loss_chunk`, else `FUSED_LOSS_CHUNK` without TP; 0: whole logits."
+    p = recipe.parallel
+    if p.loss_chunk: return p.loss_chunk
+    return FUSED_LOSS_CHUNK if p.tp == 1 else 0
 
 # %% ../nbs/api/00_recipes.ipynb #be548b9e
 _GPT2_VOCAB, _LLAMA3_VOCAB, _BERT_VOCAB, DEMO_VOCAB = 50257, 128256, 30522, 8192

@@ -11,7 +11,8 @@ import torch, torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
-from .recipes import Recipe, RecipeError, world_size, data_parallel_size, override, problems, get_recipe
+from .recipes import (Recipe, RecipeError, world_size, data_parallel_size, override, problems, get_recipe,
+                                attention_kernel)
 from .clusters import profile
 
 # %% auto #0
@@ -242,7 +243,10 @@ def trace_rank(r: Recipe | str, rank: int, limit: int | None = None) -> RankTrac
     # DP sums overlapped with backward run inside the last micro-batch, where the trace would scale them as one per
     # micro-batch; summed after backward they are the same bytes, counted once
     # a compiled block holds what its eager form holds, give or take fused temporaries: traced eager
-    rk = override(with_micro_batches(r, k), 'parallel.overlap_grad_reduce=false', 'trainer.compile=false')
+    # the trace runs on fake CPU tensors: the attention core is the one the recipe's devices would run
+    kernel = attention_kernel(r, profile(r.cluster.profile).device_type)
+    rk = override(with_micro_batches(r, k), 'parallel.overlap_grad_reduce=false', 'trainer.compile=false',
+                  f'parallel.attention={kernel}')
     with fake_rank(rk, rank) as st:
         pm = build_parallel_model(rk, st, device='meta')
         if rk.parallel.pp > 1: attach_schedule(pm)

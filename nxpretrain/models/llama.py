@@ -48,5 +48,5 @@ LLAMA_FAMILY = register_family(ModelFamily(
     name='llama', module='nxpretrain.models.llama:Llama', objective='causal_lm',
     tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
              'mlp.w1': 'colwise', 'mlp.w3': 'colwise', 'mlp.w2': 'rowwise'},
-    rope=True, hf_architecture='LlamaForCausalLM', nxdt_source='hf', nxdt_example='hf_llama3_70B_config',
+    rope=True, norm_keeps=2, hf_architecture='LlamaForCausalLM', nxdt_source='hf', nxdt_example='hf_llama3_70B_config',
     tiny=('llama3_tiny', ('model.ffn_hidden=64', 'model.n_kv_heads=2'))))

@@ -9,8 +9,9 @@ import contextlib, copy, math
 import torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import loss_parallel
-from ..recipes import Recipe, RecipeError, validate, padded_vocab
+from ..recipes import Recipe, RecipeError, validate, padded_vocab, attention_kernel, loss_chunk_tokens
 from ..models import build_model
+from ..models.dense_attention import use_dense_attention
 from ..families import family
 from .state import ParallelState, get_state
 from .ring import cp_shard
@@ -245,11 +246,15 @@ class ParallelModel:
         stage by 0; one all-reduce over the world adds it all up."""
         kv = {id(p): k for part in self.parts for p, k, _ in kv_replicated_params(part)}
         tied = self.tied_param() if self.tied_across_stages and not self.first else None
-        sq = torch.zeros((), dtype=torch.float64)
+        by_weight = {}   # 1/copies → this rank's tensors: one fused norm kernel per group, not one pass per tensor
         for p in self.parameters():
             t = tensors_of(p)
             if t is None or p is tied: continue
-            sq += local(t).double().square().sum() / (self._replicas(p) * kv.get(id(p), 1))
+            by_weight.setdefault(1 / (self._replicas(p) * kv.get(id(p), 1)), []).append(local(t))
+        sq = torch.zeros((), dtype=torch.float64, device=self.state.torch_device)
+        for weight, tensors in by_weight.items():
+            # per-tensor norms accumulate in fp32; their squares add up in fp64
+            sq += torch.stack(torch._foreach_norm(tensors)).double().square().sum() * weight
         dist.all_reduce(sq)
         return sq.sqrt()
 
@@ -259,8 +264,9 @@ class ParallelModel:
         norm = self.global_norm(lambda p: p.grad)
         if max_norm and max_norm > 0:
             coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-            for p in self.parameters():
-                if p.grad is not None: local(p.grad).mul_(coef.to(local(p.grad).dtype))
+            grads = [local(p.grad) for p in self.parameters() if p.grad is not None]
+            for dtype in {g.dtype for g in grads}:
+                torch._foreach_mul_([g for g in grads if g.dtype == dtype], coef.to(dtype))
         return norm
 
     def param_norm(self) -> torch.Tensor:
@@ -317,10 +323,11 @@ def _apply_layout(part: nn.Module, stage: int, recipe: Recipe, state: ParallelSt
     p = recipe.parallel
     sp = p.sequence_parallel and p.tp > 1
     if p.cp > 1: use_ring_attention(part, state.group('cp'))
+    elif attention_kernel(recipe, state.torch_device.type) == 'dense': use_dense_attention(part)
     add_positions_hook(part, p.cp, state.rank('cp'), p.tp if (sp and stage > 0) else 1)
     if p.tp > 1: apply_tp(part, state.mesh['tp'], sp, recipe.model.tie_embeddings, family(recipe.model.arch).tp_plan)
-    if p.loss_chunk and getattr(part, 'output', None) is not None:   # the loss computes the logits, chunk by chunk
-        part.output = ChunkedHead(part.output, p.loss_chunk, Shard(1) if sp else Replicate())
+    if loss_chunk_tokens(recipe) and getattr(part, 'output', None) is not None:   # the loss computes the logits
+        part.output = ChunkedHead(part.output, loss_chunk_tokens(recipe), Shard(1) if sp else Replicate())
     apply_activation_checkpointing(part, p.activation_checkpointing, p.checkpoint_modules)
     if recipe.trainer.compile: compile_blocks(part)   # after TP and recompute, before FSDP wraps the blocks
     if p.fsdp and state.dp * state.cp > 1: apply_fsdp(part, state.sub('dp', 'cp'), p.precision)

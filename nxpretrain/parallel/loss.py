@@ -12,8 +12,8 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.utils.checkpoint import checkpoint
 
 # %% auto #0
-__all__ = ['IGNORE_INDEX', 'token_loss_sum', 'LossCounts', 'ChunkedHead', 'lm_loss_sum', 'pretraining_loss', 'StepLoss',
-           'local_value']
+__all__ = ['IGNORE_INDEX', 'token_loss_sum', 'LossCounts', 'FusedLinearCrossEntropy', 'ChunkedHead', 'lm_loss_sum',
+           'pretraining_loss', 'StepLoss', 'local_value']
 
 # %% ../../nbs/api/34a_loss.ipynb #a979ee73
 IGNORE_INDEX = -100
@@ -34,6 +34,47 @@ class LossCounts:
     sequences: float = 1.0
 
 # %% ../../nbs/api/34a_loss.ipynb #9d901a48
+def _fused_chunk(x, weight, bias, y, ignore_index: int, grad_x, grad_w, grad_b) -> torch.Tensor:
+    "One chunk's loss sum; with `grad_x` it writes the chunk's gradient of `x` there and adds to `grad_w`, `grad_b`."
+    logits = F.linear(x, weight, bias)
+    dtype = logits.dtype
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    del logits   # free before the gradient matmuls: a chunk's peak is its logits and log-probabilities, once
+    loss = F.nll_loss(log_probs, y, ignore_index=ignore_index, reduction='sum')
+    if grad_x is None: return loss
+    d_logits = log_probs.exp_()                                              # softmax …
+    d_logits[torch.arange(len(y), device=y.device), y.clamp(min=0)] -= 1    # … − one-hot
+    d_logits[y == ignore_index] = 0
+    d_logits = d_logits.to(dtype)
+    grad_x.copy_(d_logits @ weight)
+    grad_w += d_logits.t() @ x
+    if grad_b is not None: grad_b += d_logits.sum(0, dtype=torch.float32)
+    return loss   # the chunk's logits die here, before the next chunk's exist
+
+class FusedLinearCrossEntropy(torch.autograd.Function):
+    """Σ cross-entropy of the logits h·Wᵀ + b of `h` (N, H) over `labels` (N,) ≠ `ignore_index`, `chunk` tokens at a
+    time; with `grads`, each chunk's gradients of h, W and b are made in forward, while its logits exist."""
+    @staticmethod
+    def forward(ctx, h, weight, bias, labels, ignore_index: int, chunk: int, grads: bool):
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        grad_h = torch.empty_like(h) if grads else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if grads else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if grads and bias is not None else None
+        for i in range(0, labels.numel(), chunk):
+            rows = slice(i, i + chunk)
+            grad_x = grad_h[rows] if grads else None
+            total += _fused_chunk(h[rows], weight, bias, labels[rows], ignore_index, grad_x, grad_w, grad_b)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.dtypes = (h.dtype, weight.dtype, None if bias is None else bias.dtype)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        grads = ctx.saved_tensors
+        scaled = [None if g is None else (g * grad_total).to(dt) for g, dt in zip(grads, ctx.dtypes)]
+        return *scaled, None, None, None, None
+
+# %% ../../nbs/api/34a_loss.ipynb #6fa62386
 def _chunk_loss_sum(h, weight, bias, labels, ignore_index: int):
     return token_loss_sum(F.linear(h, weight, bias)[None], labels[None], ignore_index)
 
@@ -58,6 +99,9 @@ class ChunkedHead(nn.Module):
     def loss_sum(self, h, labels, ignore_index: int = IGNORE_INDEX):
         "`token_loss_sum` of the logits of hidden states `h` (B, S, H), computed and differentiated a chunk at a time."
         h, labels = self._replicated(h).flatten(0, 1), labels.flatten()
+        if not isinstance(self.weight, DTensor):
+            return FusedLinearCrossEntropy.apply(h, self.weight, self.bias, labels, ignore_index, self.chunk,
+                                                 torch.is_grad_enabled())
         total = 0
         for i in range(0, labels.numel(), self.chunk):
             j = i + self.chunk
