@@ -9,6 +9,7 @@ matmuls (a CPU without AVX-512-BF16/AMX multiplies bf16 ~50× slower than fp32; 
 
     python bench/bench_model.py                       # fp32 and (if fast) bf16, 2 threads
     python bench/bench_model.py --precision fp32 --steps 5 --compile   # also the trainer step with trainer.compile=true
+    python bench/bench_model.py --attention           # also SDPA against the dense attention core, at 1, 2 and 4 × seq
 """
 import argparse, copy, statistics, time, sys, os
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,6 +36,7 @@ def parse():
     p.add_argument('--force-bf16', action='store_true', help='run bf16 rows even where bf16 matmuls are slow')
     p.add_argument('--peak-seconds', type=float, default=2.0)
     p.add_argument('--profile', action='store_true', help='also print where each step spends its time (torch.profiler)')
+    p.add_argument('--attention', action='store_true', help="also time the attention cores alone: torch's SDPA against the dense core")
     return p.parse_args()
 
 def trainer(forward, model, tokens, bf16):
@@ -66,6 +68,29 @@ def engine_trainer(model, tokens, bf16, recipe, state, compile=False):
         pm.clip_grad_norm_(1.0); opt.step(); opt.zero_grad(set_to_none=True)
         return loss.item()
     return step
+
+def attention_table(a, heads, peaks):
+    "Forward + backward of one block's attention (batch × heads × seq × head_dim): torch's SDPA against the dense core."
+    from nxpretrain.models.dense_attention import dense_attention
+    sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    print(f"\n| precision | batch × heads × seq × head_dim | SDPA ms | dense ms | SDPA ÷ dense |")
+    print("| --- | --- | --- | --- | --- |")
+    for prec in ('fp32', 'bf16'):
+        if prec == 'bf16' and peaks['bf16'] < peaks['fp32']: continue
+        for seq in (a.seq, 2 * a.seq, 4 * a.seq):
+            batch = max(1, a.batch * a.seq // seq)   # the same tokens per step
+            shape = (batch, seq, heads, a.hidden // heads)
+            q, k, v = (torch.randn(shape, dtype={'fp32': torch.float32, 'bf16': torch.bfloat16}[prec]).transpose(1, 2)
+                       .requires_grad_() for _ in range(3))
+            up = torch.randn_like(q)
+            ms = {}
+            for name, core in (('sdpa', sdpa), ('dense', dense_attention)):
+                core(q, k, v).backward(up)
+                times = []
+                for _ in range(5):
+                    t0 = time.perf_counter(); core(q, k, v).backward(up); times.append(time.perf_counter() - t0)
+                ms[name] = statistics.median(times) * 1e3
+            print(f"| {prec} | {batch} × {heads} × {seq} × {a.hidden // heads} | {ms['sdpa']:.1f} | {ms['dense']:.1f} | {ms['sdpa'] / ms['dense']:.2f} |")
 
 def print_profiles(profiles: dict):
     "A markdown table: share of each step's wall time per kind of work, one column per (precision, model)."
@@ -100,6 +125,10 @@ def main():
     n = count_parameters(ours); fpt = model_flops_per_token(cfg, V)
     print(f"model: {n / 1e6:.1f}M parameters (HF {hf.num_parameters() / 1e6:.1f}M), {fpt / 1e6:.1f} MFLOP per token (6·N + attention)")
     tokens = torch.randint(0, cfg.vocab_size, (a.batch, a.seq + 1))
+    from nxpretrain.recipes import attention_kernel, loss_chunk_tokens
+    for prec in a.precision.split(','):
+        r = override(recipe, f'parallel.precision={prec}')
+        print(f"engine rows, {prec}: attention core {attention_kernel(r, 'cpu')}, fused loss in {loss_chunk_tokens(r)}-token chunks")
     rows, profiles = [], {}
     for prec in a.precision.split(','):
         bf16 = prec == 'bf16'
@@ -137,6 +166,7 @@ def main():
     for prec, k, tps, ratio, tpc, ratio_cpu, m, loss in rows:
         print(f"| {prec} | {k} | {tps:.0f} | {ratio:.2f} | {tpc:.0f} | {ratio_cpu:.2f} | {m:.2f} | {loss:.4f} |")
     if profiles: print_profiles(profiles)
+    if a.attention: attention_table(a, a.heads, peaks)
     session.__exit__(None, None, None)
     print("\nCPU time (process_time, all threads) is less sensitive than wall time to other processes on a shared machine; "
           "a ratio > 1 means nxpretrain is faster.")
