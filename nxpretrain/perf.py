@@ -10,7 +10,8 @@ from .recipes import ModelConfig, padded_vocab
 from .plan import flops_per_token
 
 # %% auto #0
-__all__ = ['STEP_KINDS', 'measure_matmul_tflops', 'peak_tflops', 'bf16_is_fast', 'model_flops_per_token', 'mfu', 'step_profile']
+__all__ = ['STEP_KINDS', 'STEP_RANGES', 'measure_matmul_tflops', 'peak_tflops', 'bf16_is_fast', 'model_flops_per_token', 'mfu',
+           'step_profile']
 
 # %% ../nbs/api/29_perf.ipynb #7cea397d
 def _sync(device: torch.device):
@@ -69,22 +70,24 @@ def mfu(tokens_per_s: float, cfg: ModelConfig, peak: float, vocab_size: int | No
     return tokens_per_s * model_flops_per_token(cfg, vocab_size, seq_len) / (peak * 1e12)
 
 # %% ../nbs/api/29_perf.ipynb #bbf407aa
-STEP_KINDS = {   # operator name fragments of each kind, first match wins (the optimizer is found by its range)
+STEP_KINDS = {   # operator name fragments of each kind, first match wins
     'matmul': ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::baddbmm', 'mkldnn', 'aten::_weight_int'),
+    'loss': ('cross_entropy', 'log_softmax', 'nll_loss'),
     'attention': ('scaled_dot_product', 'flash_attention', 'efficient_attention', 'aten::_softmax', 'softmax_backward'),
     'norm': ('layer_norm', 'rsqrt', 'aten::pow', 'aten::mean', 'rms_norm'),
     'cast': ('aten::_to_copy', 'aten::to', 'aten::copy_'),
-    'loss': ('cross_entropy', 'log_softmax', 'nll_loss'),
 }
+# every operator under one of these ranges is of its kind; the fused loss's head matmuls stay matmuls
+STEP_RANGES = {'Optimizer.step': 'optimizer', 'DenseAttentionFunction': 'attention', 'FusedLinearCrossEntropy': 'loss'}
 
 def _kind(event) -> str:
+    kind = next((k for k, names in STEP_KINDS.items() if any(n in event.name for n in names)), 'other ops')
     parent = event.cpu_parent
     while parent is not None:
-        if parent.name.startswith('Optimizer.step'): return 'optimizer'
+        ranged = next((k for prefix, k in STEP_RANGES.items() if parent.name.startswith(prefix)), None)
+        if ranged and not (ranged == 'loss' and kind == 'matmul'): return ranged
         parent = parent.cpu_parent
-    for kind, names in STEP_KINDS.items():
-        if any(n in event.name for n in names): return kind
-    return 'other ops'
+    return kind
 
 def step_profile(step, steps: int = 2) -> dict:
     "{kind: share of the wall time} of `steps` calls of `step()` (after one warm-up call), plus 'overhead' and 'step_s'."

@@ -44,7 +44,7 @@ def _fused_chunk(x, weight, bias, y, ignore_index: int, grad_x, grad_w, grad_b) 
     if grad_x is None: return loss
     d_logits = log_probs.exp_()                                              # softmax …
     d_logits[torch.arange(len(y), device=y.device), y.clamp(min=0)] -= 1    # … − one-hot
-    d_logits.index_fill_(0, (y == ignore_index).nonzero().squeeze(1), 0)   # touches the ignored rows only
+    d_logits.masked_fill_((y == ignore_index)[:, None], 0)   # a mask, not indices: fake tensors trace it
     d_logits = d_logits.to(dtype)
     grad_x.copy_(d_logits @ weight)
     grad_w += d_logits.t() @ x
