@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from .recipes import (Recipe, ModelConfig, padded_vocab, data_parallel_size, world_size, problems, get_recipe,
-                                attention_kernel, loss_chunk_tokens)
+                                attention_kernel, loss_chunk_tokens, dense_attention_blocks)
 from .clusters import profile
 import dataclasses
 from .families import family
@@ -114,8 +114,9 @@ def _block_activations(r: Recipe) -> float:
     gathered = lambda n: (n * e if e < 4 else 4) * sbh   # the whole-sequence input of n column-parallel linears
     kv = m.kv_heads * p.kv_replicator / m.n_heads
     attention = gathered(cols.count('attention')) + e * sbh * (2 + 2 * kv) / p.tp   # q, k, v and the output
-    if attention_kernel(r, profile(r.cluster.profile).device_type) == 'dense':   # the kept probabilities
-        attention += e * r.data.micro_batch * m.n_heads / p.tp * m.seq_len ** 2
+    if attention_kernel(r, profile(r.cluster.profile).device_type) == 'dense' and fam.objective == 'causal_lm':
+        kept = sum((b - a) * keys for a, b, keys in dense_attention_blocks(m.seq_len, m.seq_len, True))
+        attention += e * r.data.micro_batch * m.n_heads / p.tp * kept   # the probabilities of each query block
     elif m.dropout > 0:   # attention dropout: torch's math kernel keeps the fp32 softmax, the mask and the dropped bf16 scores
         attention += 12 * r.data.micro_batch * m.n_heads / p.tp * (m.seq_len / p.cp) ** 2
     # GELU keeps w1's output and its own; SwiGLU w1's, w3's, SiLU's and their product: 2 per input linear

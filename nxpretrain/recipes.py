@@ -14,11 +14,12 @@ from .clusters import profile
 from .families import family
 
 # %% auto #0
-__all__ = ['RecomputeKind', 'TRACKERS', 'DENSE_ATTENTION_MAX_SEQ', 'FUSED_LOSS_CHUNK', 'DEMO_VOCAB', 'CATALOG', 'ALIASES',
-           'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig', 'TrainerConfig', 'ClusterConfig', 'Recipe',
-           'field_keys', 'nearest_field', 'from_dict', 'to_dict', 'to_yaml', 'from_yaml', 'override', 'recipe_value',
-           'padded_vocab', 'world_size', 'data_parallel_size', 'choice_fields', 'problems', 'validate',
-           'attention_kernel', 'loss_chunk_tokens', 'resolve_name', 'get_recipe']
+__all__ = ['RecomputeKind', 'TRACKERS', 'DENSE_ATTENTION_MAX_SEQ', 'DENSE_ATTENTION_QUERY_BLOCK', 'FUSED_LOSS_CHUNK',
+           'DEMO_VOCAB', 'CATALOG', 'ALIASES', 'ModelConfig', 'ParallelConfig', 'DataConfig', 'OptimConfig',
+           'TrainerConfig', 'ClusterConfig', 'Recipe', 'field_keys', 'nearest_field', 'from_dict', 'to_dict', 'to_yaml',
+           'from_yaml', 'override', 'recipe_value', 'padded_vocab', 'world_size', 'data_parallel_size', 'choice_fields',
+           'problems', 'validate', 'dense_attention_blocks', 'attention_kernel', 'loss_chunk_tokens', 'resolve_name',
+           'get_recipe']
 
 # %% ../nbs/api/00_recipes.ipynb #6f92bc64
 @dataclass
@@ -359,7 +360,14 @@ def validate(recipe: Recipe, world: int | None = None) -> Recipe:
     return recipe
 
 # %% ../nbs/api/00_recipes.ipynb #15a54d5b
-DENSE_ATTENTION_MAX_SEQ = 512   # beyond it torch's flash kernel is faster on CPU, and the kept S² probabilities grow
+DENSE_ATTENTION_MAX_SEQ = 1024   # beyond it the kept probabilities grow large (and flash catches up on CPU)
+DENSE_ATTENTION_QUERY_BLOCK = 128   # queries per block: a causal block sees only the keys up to its last query
+
+def dense_attention_blocks(S: int, K: int, causal: bool) -> list[tuple[int, int, int]]:
+    "(first query, end query, keys it sees) of each block of the dense attention core; S queries are the last of K keys."
+    if not causal: return [(0, S, K)]
+    step = DENSE_ATTENTION_QUERY_BLOCK
+    return [(a, min(a + step, S), K - S + min(a + step, S)) for a in range(0, S, step)]
 
 def attention_kernel(recipe: Recipe, device_type: str) -> str:
     """The attention core (`sdpa` or `dense`) of a run of `recipe` on `device_type` (cpu, cuda, neuron):

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from .blocks import SDPA
+from ..recipes import dense_attention_blocks
 
 # %% auto #0
 __all__ = ['causal_bias', 'DenseAttentionFunction', 'dense_attention', 'DenseAttention', 'use_dense_attention']
@@ -19,42 +20,50 @@ def causal_bias(S: int, K: int, dtype, device) -> torch.Tensor:
     return torch.full((S, K), float('-inf'), dtype=dtype, device=device).triu(K - S + 1)
 
 # %% ../../nbs/api/21b_dense_attention.ipynb #98dbe582
+def _block_probs(q, k, scale: float, causal: bool) -> torch.Tensor:
+    "softmax(q·kᵀ·scale) of one block of queries (BH, b, D) over its keys (BH, keys, D), masked when `causal`."
+    if not causal:
+        return torch.softmax(torch.bmm(q, k.transpose(1, 2)).mul_(scale), dim=-1)
+    bias = causal_bias(q.shape[1], k.shape[1], q.dtype, q.device)
+    return torch.softmax(torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale), dim=-1)
+
 class DenseAttentionFunction(torch.autograd.Function):
     "softmax(q·kᵀ·scale + mask)·v of q (B, H, S, D), k and v (B, H, K, D) with batched GEMMs; saves the probabilities."
     @staticmethod
     def forward(ctx, q, k, v, scale: float, causal: bool):
         B, H, S, D = q.shape
         K = k.shape[-2]
+        blocks = dense_attention_blocks(S, K, causal)
         with torch.autocast(q.device.type, enabled=False):
             q3 = q.reshape(B * H, S, D)
             k3 = k.to(q.dtype).reshape(B * H, K, D)
             v3 = v.to(q.dtype).reshape(B * H, K, D)
-            if causal:
-                scores = torch.baddbmm(causal_bias(S, K, q.dtype, q.device), q3, k3.transpose(1, 2), alpha=scale)
-            else:
-                scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(scale)
-            probs = torch.softmax(scores, dim=-1)
-            out = torch.bmm(probs, v3)
-        ctx.save_for_backward(q3, k3, v3, probs)
-        ctx.scale = scale
-        ctx.dtypes = (k.dtype, v.dtype)
+            probs = [_block_probs(q3[:, a:b], k3[:, :keys], scale, causal) for a, b, keys in blocks]
+            out = torch.cat([torch.bmm(p, v3[:, :keys]) for p, (_, _, keys) in zip(probs, blocks)], dim=1)
+        ctx.save_for_backward(q3, k3, v3, *probs)
+        ctx.blocks, ctx.scale, ctx.dtypes = blocks, scale, (k.dtype, v.dtype)
         return out.view(B, H, S, D)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q3, k3, v3, probs = ctx.saved_tensors
+        q3, k3, v3, *probs = ctx.saved_tensors
         B, H, S, D = grad_out.shape
         with torch.autocast(grad_out.device.type, enabled=False):
-            g = grad_out.to(probs.dtype).reshape(B * H, S, D)
-            grad_v = torch.bmm(probs.transpose(1, 2), g)
-            grad_probs = torch.bmm(g, v3.transpose(1, 2))
-            grad_scores = torch.ops.aten._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
-            grad_q = torch.bmm(grad_scores, k3).mul_(ctx.scale)
-            grad_k = torch.bmm(grad_scores.transpose(1, 2), q3).mul_(ctx.scale)
+            g = grad_out.to(q3.dtype).reshape(B * H, S, D)
+            grad_q = torch.empty_like(q3)
+            grad_k = torch.zeros_like(k3, dtype=torch.float32)   # blocks add up here: in fp32
+            grad_v = torch.zeros_like(v3, dtype=torch.float32)
+            for (a, b, keys), p in zip(ctx.blocks, probs):
+                grad_v[:, :keys] += torch.bmm(p.transpose(1, 2), g[:, a:b])
+                grad_p = torch.bmm(g[:, a:b], v3[:, :keys].transpose(1, 2))
+                grad_s = torch.ops.aten._softmax_backward_data(grad_p, p, -1, p.dtype)
+                grad_q[:, a:b] = torch.bmm(grad_s, k3[:, :keys])
+                grad_k[:, :keys] += torch.bmm(grad_s.transpose(1, 2), q3[:, a:b])
         K = k3.shape[1]
-        grad_k = grad_k.view(B, H, K, D).to(ctx.dtypes[0])
+        grad_q = grad_q.mul_(ctx.scale).view(B, H, S, D)
+        grad_k = grad_k.mul_(ctx.scale).view(B, H, K, D).to(ctx.dtypes[0])
         grad_v = grad_v.view(B, H, K, D).to(ctx.dtypes[1])
-        return grad_q.view(B, H, S, D), grad_k, grad_v, None, None
+        return grad_q, grad_k, grad_v, None, None
 
 def dense_attention(q, k, v, causal: bool = True) -> torch.Tensor:
     "Attention of q (B, H, S, D) over k, v (B, H, K, D) as batched GEMMs, causal or full."
