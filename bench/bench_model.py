@@ -15,7 +15,7 @@ import argparse, copy, statistics, time, sys, os
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 import torch.nn.functional as F
-from nxpretrain.recipes import get_recipe, padded_vocab, override
+from nxpretrain.recipes import get_recipe, padded_vocab, override, attention_kernel, loss_chunk_tokens
 from nxpretrain.models import build_model, count_parameters
 from nxpretrain.models.hf import to_hf_config, from_hf_state_dict
 from nxpretrain.perf import measure_matmul_tflops, model_flops_per_token, step_profile
@@ -69,6 +69,12 @@ def engine_trainer(model, tokens, bf16, recipe, state, compile=False):
         return loss.item()
     return step
 
+DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16}
+
+def bf16_skipped(a, peaks) -> bool:
+    "bf16 rows are skipped where bf16 matmuls are slower than fp32 ones, unless --force-bf16."
+    return peaks['bf16'] < peaks['fp32'] and not a.force_bf16
+
 def attention_table(a, heads, peaks):
     "Forward + backward of one block's attention (batch × heads × seq × head_dim): torch's SDPA against the dense core."
     from nxpretrain.models.dense_attention import dense_attention
@@ -76,12 +82,11 @@ def attention_table(a, heads, peaks):
     print(f"\n| precision | batch × heads × seq × head_dim | SDPA ms | dense ms | SDPA ÷ dense |")
     print("| --- | --- | --- | --- | --- |")
     for prec in ('fp32', 'bf16'):
-        if prec == 'bf16' and peaks['bf16'] < peaks['fp32']: continue
+        if prec == 'bf16' and bf16_skipped(a, peaks): continue
         for seq in (a.seq, 2 * a.seq, 4 * a.seq):
             batch = max(1, a.batch * a.seq // seq)   # the same tokens per step
             shape = (batch, seq, heads, a.hidden // heads)
-            q, k, v = (torch.randn(shape, dtype={'fp32': torch.float32, 'bf16': torch.bfloat16}[prec]).transpose(1, 2)
-                       .requires_grad_() for _ in range(3))
+            q, k, v = (torch.randn(shape, dtype=DTYPES[prec]).transpose(1, 2).requires_grad_() for _ in range(3))
             up = torch.randn_like(q)
             ms = {}
             for name, core in (('sdpa', sdpa), ('dense', dense_attention)):
@@ -116,7 +121,7 @@ def main():
           f"{os.getloadavg()[0]:.2f} (on a shared machine these are not idle-machine figures)")
     print(f"torch {torch.__version__}, transformers {T.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{a.threads} threads, batch {a.batch} × seq {a.seq}")
-    peaks = {p: measure_matmul_tflops({'fp32': torch.float32, 'bf16': torch.bfloat16}[p], seconds=a.peak_seconds) for p in ('fp32', 'bf16')}
+    peaks = {p: measure_matmul_tflops(DTYPES[p], seconds=a.peak_seconds) for p in ('fp32', 'bf16')}
     print(f"measured matmul peak: fp32 {peaks['fp32'] * 1e3:.1f} GFLOP/s, bf16 {peaks['bf16'] * 1e3:.1f} GFLOP/s")
     torch.manual_seed(0)
     hf = T.GPT2LMHeadModel(to_hf_config(cfg)).train()
@@ -125,17 +130,15 @@ def main():
     n = count_parameters(ours); fpt = model_flops_per_token(cfg, V)
     print(f"model: {n / 1e6:.1f}M parameters (HF {hf.num_parameters() / 1e6:.1f}M), {fpt / 1e6:.1f} MFLOP per token (6·N + attention)")
     tokens = torch.randint(0, cfg.vocab_size, (a.batch, a.seq + 1))
-    from nxpretrain.recipes import attention_kernel, loss_chunk_tokens
-    for prec in a.precision.split(','):
-        r = override(recipe, f'parallel.precision={prec}')
-        print(f"engine rows, {prec}: attention core {attention_kernel(r, 'cpu')}, fused loss in {loss_chunk_tokens(r)}-token chunks")
     rows, profiles = [], {}
     for prec in a.precision.split(','):
         bf16 = prec == 'bf16'
-        if bf16 and peaks['bf16'] < peaks['fp32'] and not a.force_bf16:
+        if bf16 and bf16_skipped(a, peaks):
             print(f"bf16: skipped – this device's bf16 matmul peak ({peaks['bf16'] * 1e3:.1f} GFLOP/s) is below fp32's "
                   f"({peaks['fp32'] * 1e3:.1f}); bf16 autocast would only slow training down here (--force-bf16 runs it anyway)")
             continue
+        r = override(recipe, f'parallel.precision={prec}')
+        print(f"engine rows, {prec}: attention core {attention_kernel(r, 'cpu')}, fused loss in {loss_chunk_tokens(r)}-token chunks")
         models = {'nxpretrain GPT': copy.deepcopy(ours), 'HF GPT2LMHeadModel': copy.deepcopy(hf)}
         fwd = {'nxpretrain GPT': models['nxpretrain GPT'], 'HF GPT2LMHeadModel': lambda t, m=models['HF GPT2LMHeadModel']: m(input_ids=t, use_cache=False).logits}
         steps = {k: trainer(fwd[k], models[k], tokens, bf16) for k in models}
@@ -158,7 +161,7 @@ def main():
             med, med_cpu = statistics.median(ts), statistics.median(cpu[k]); tps = a.batch * a.seq / med
             rows.append((prec, k, tps, base / med, a.batch * a.seq / med_cpu, base_cpu / med_cpu, tps * fpt / (peaks[prec] * 1e12), losses[k]))
     # other processes can depress the first peak measurement: take the better of before and after
-    after = {p: max(peaks[p], measure_matmul_tflops({'fp32': torch.float32, 'bf16': torch.bfloat16}[p], seconds=a.peak_seconds)) for p in {r[0] for r in rows}}
+    after = {p: max(peaks[p], measure_matmul_tflops(DTYPES[p], seconds=a.peak_seconds)) for p in {r[0] for r in rows}}
     rows = [(p, k, tps, r, tpc, rc, m * peaks[p] / after[p], loss) for p, k, tps, r, tpc, rc, m, loss in rows]
     print("measured matmul peak, best of before/after: " + ', '.join(f"{p} {v * 1e3:.1f} GFLOP/s" for p, v in after.items()))
     print("\n| precision | model | tokens/s | × HF | tokens per CPU-second | × HF (CPU time) | MFU (vs the measured peak of its precision) | loss after warm-up |")

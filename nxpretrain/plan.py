@@ -114,8 +114,9 @@ def _block_activations(r: Recipe) -> float:
     gathered = lambda n: (n * e if e < 4 else 4) * sbh   # the whole-sequence input of n column-parallel linears
     kv = m.kv_heads * p.kv_replicator / m.n_heads
     attention = gathered(cols.count('attention')) + e * sbh * (2 + 2 * kv) / p.tp   # q, k, v and the output
-    if attention_kernel(r, profile(r.cluster.profile).device_type) == 'dense' and fam.objective == 'causal_lm':
-        kept = sum((b - a) * keys for a, b, keys in dense_attention_blocks(m.seq_len, m.seq_len, True))
+    if attention_kernel(r) == 'dense':
+        blocks = dense_attention_blocks(m.seq_len, m.seq_len, causal=fam.objective == 'causal_lm')
+        kept = sum((b - a) * keys for a, b, keys in blocks)
         attention += e * r.data.micro_batch * m.n_heads / p.tp * kept   # the probabilities of each query block
     elif m.dropout > 0:   # attention dropout: torch's math kernel keeps the fp32 softmax, the mask and the dropped bf16 scores
         attention += 12 * r.data.micro_batch * m.n_heads / p.tp * (m.seq_len / p.cp) ** 2
@@ -170,13 +171,14 @@ def _engine_activations(r: Recipe, dp: int) -> float:
     V = padded_vocab(m, p.tp)
     e = 2 if p.precision == 'bf16' else 4
     tokens = m.seq_len / p.cp * d.micro_batch
-    chunk = min(tokens, loss_chunk_tokens(r) or tokens)   # a chunked loss holds one chunk's logits at a time
-    if loss_chunk_tokens(r) and p.tp == 1:
-        # fused: a chunk's logits, their fp32 copy (bf16) and log-softmax; the gradients of the hidden states and head
+    chunk_tokens = loss_chunk_tokens(r)
+    chunk = min(tokens, chunk_tokens or tokens)   # a chunked loss holds one chunk's logits at a time
+    if p.pp > 1: loss = 0   # pipeline rank 0, the one counted here, holds no loss
+    elif chunk_tokens and p.tp == 1:   # fused (ChunkedHead's weight is no DTensor without TP)
+        # a chunk's logits, their fp32 copy (bf16) and log-softmax; the gradients of the hidden states and the head
         loss = (e + 4 + (4 if e == 2 else 0)) * chunk * V + 4 * (tokens + V) * m.hidden
     else:   # the logits, fp32 log-softmax, and in backward two fp32 gradients of the logits
         loss = (e + 3 * 4) * chunk * V / p.tp
-    loss = loss if p.pp == 1 else 0
     casts = 2 * rank_parameters(r)[0] if p.precision == 'bf16' else 0   # autocast's bf16 weight copies, kept for backward
     # under TP the vocabulary-parallel embedding's backward builds the whole (vocab × hidden) gradient before slicing it
     embedding = 4 * V * m.hidden if p.tp > 1 else 0

@@ -369,12 +369,13 @@ def dense_attention_blocks(S: int, K: int, causal: bool) -> list[tuple[int, int,
     step = DENSE_ATTENTION_QUERY_BLOCK
     return [(a, min(a + step, S), K - S + min(a + step, S)) for a in range(0, S, step)]
 
-def attention_kernel(recipe: Recipe, device_type: str) -> str:
-    """The attention core (`sdpa` or `dense`) of a run of `recipe` on `device_type` (cpu, cuda, neuron):
-    `parallel.attention`, where `auto` means dense for a causal model in bf16 on a CPU, up to
-    `DENSE_ATTENTION_MAX_SEQ` tokens, without attention dropout or context parallelism."""
+def attention_kernel(recipe: Recipe, device_type: str | None = None) -> str:
+    """The attention core (`sdpa` or `dense`) of a run of `recipe` on `device_type` (cpu, cuda, neuron; default: the
+    device of the recipe's cluster profile): `parallel.attention`, where `auto` means dense for a causal model in bf16
+    on a CPU, up to `DENSE_ATTENTION_MAX_SEQ` tokens, without attention dropout or context parallelism."""
     p, m = recipe.parallel, recipe.model
     if p.attention != 'auto': return p.attention
+    device_type = device_type or profile(recipe.cluster.profile).device_type
     dense = (device_type == 'cpu' and p.precision == 'bf16' and m.dropout == 0 and p.cp == 1
              and m.seq_len <= DENSE_ATTENTION_MAX_SEQ and family(m.arch).objective == 'causal_lm')
     return 'dense' if dense else 'sdpa'

@@ -244,9 +244,8 @@ def trace_rank(r: Recipe | str, rank: int, limit: int | None = None) -> RankTrac
     # micro-batch; summed after backward they are the same bytes, counted once
     # a compiled block holds what its eager form holds, give or take fused temporaries: traced eager
     # the trace runs on fake CPU tensors: the attention core is the one the recipe's devices would run
-    kernel = attention_kernel(r, profile(r.cluster.profile).device_type)
     rk = override(with_micro_batches(r, k), 'parallel.overlap_grad_reduce=false', 'trainer.compile=false',
-                  f'parallel.attention={kernel}')
+                  f'parallel.attention={attention_kernel(r)}')
     with fake_rank(rk, rank) as st:
         pm = build_parallel_model(rk, st, device='meta')
         if rk.parallel.pp > 1: attach_schedule(pm)

@@ -36,12 +36,12 @@ class DenseAttentionFunction(torch.autograd.Function):
         blocks = dense_attention_blocks(S, K, causal)
         with torch.autocast(q.device.type, enabled=False):
             q3 = q.reshape(B * H, S, D)
-            k3 = k.to(q.dtype).reshape(B * H, K, D)
-            v3 = v.to(q.dtype).reshape(B * H, K, D)
+            k3 = k.reshape(B * H, K, D)
+            v3 = v.reshape(B * H, K, D)
             probs = [_block_probs(q3[:, a:b], k3[:, :keys], scale, causal) for a, b, keys in blocks]
             out = torch.cat([torch.bmm(p, v3[:, :keys]) for p, (_, _, keys) in zip(probs, blocks)], dim=1)
         ctx.save_for_backward(q3, k3, v3, *probs)
-        ctx.blocks, ctx.scale, ctx.dtypes = blocks, scale, (k.dtype, v.dtype)
+        ctx.blocks, ctx.scale = blocks, scale
         return out.view(B, H, S, D)
 
     @staticmethod
@@ -61,8 +61,8 @@ class DenseAttentionFunction(torch.autograd.Function):
                 grad_k[:, :keys] += torch.bmm(grad_s.transpose(1, 2), q3[:, a:b])
         K = k3.shape[1]
         grad_q = grad_q.mul_(ctx.scale).view(B, H, S, D)
-        grad_k = grad_k.mul_(ctx.scale).view(B, H, K, D).to(ctx.dtypes[0])
-        grad_v = grad_v.view(B, H, K, D).to(ctx.dtypes[1])
+        grad_k = grad_k.mul_(ctx.scale).view(B, H, K, D).to(k3.dtype)
+        grad_v = grad_v.view(B, H, K, D).to(v3.dtype)
         return grad_q, grad_k, grad_v, None, None
 
 def dense_attention(q, k, v, causal: bool = True) -> torch.Tensor:
