@@ -1656,6 +1656,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                    'nxpretrain/train/trackers.py'),
                                            'nxpretrain.train.trackers._wandb_records': ( 'api/trackers.html#_wandb_records',
                                                                                          'nxpretrain/train/trackers.py'),
+                                           'nxpretrain.train.trackers._wandb_rows': ( 'api/trackers.html#_wandb_rows',
+                                                                                      'nxpretrain/train/trackers.py'),
                                            'nxpretrain.train.trackers.flat_recipe': ( 'api/trackers.html#flat_recipe',
                                                                                       'nxpretrain/train/trackers.py'),
                                            'nxpretrain.train.trackers.wandb_history': ( 'api/trackers.html#wandb_history',

@@ -118,16 +118,29 @@ def _wandb_records(path) -> list[bytes]:
         if kind in (1, 4): out.append(part)
     return out
 
-def wandb_history(run_dir) -> list[dict]:
-    "The rows an offline W&B run under `run_dir` logged ({'_step': …, 'train/loss': …}), in order."
+def _wandb_rows(path) -> tuple[list[dict], bool]:
+    "The history rows of one `.wandb` file, and whether it holds the run's exit record."
     from wandb.proto import wandb_internal_pb2
+    rows, finished = [], False
+    for raw in _wandb_records(path):
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(raw)
+        kind = rec.WhichOneof('record_type')
+        if kind == 'history':
+            rows.append({i.key or '/'.join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+        finished = finished or kind == 'exit'
+    return rows, finished
+
+def wandb_history(run_dir, wait: float = 30.0) -> list[dict]:
+    "The rows an offline W&B run under `run_dir` logged ({'_step': …, 'train/loss': …}), in order."
     files = sorted(Path(run_dir).glob('wandb/offline-run-*/run-*.wandb'))
     if not files: raise FileNotFoundError(f"no offline W&B run under {run_dir}/wandb")
     rows = []
     for f in files:
-        for raw in _wandb_records(f):
-            rec = wandb_internal_pb2.Record()
-            rec.ParseFromString(raw)
-            if rec.WhichOneof('record_type') == 'history':
-                rows.append({i.key or '/'.join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+        deadline = time.monotonic() + wait
+        got, finished = _wandb_rows(f)
+        while not finished and time.monotonic() < deadline:
+            time.sleep(0.05)
+            got, finished = _wandb_rows(f)
+        rows += got
     return rows
