@@ -11,8 +11,13 @@ final hidden states to their gradient and the head's, and reports
 `--device meta` counts the same bytes without allocating them (shapes only), for a machine with less free memory
 than the plain loss needs (about 13 GiB in fp32 at the defaults). Each loss runs in a fresh subprocess.
 
+`--tp N` runs both losses vocab-parallel over N gloo processes (real tensors): the head's weight sharded over the
+vocabulary, the plain loss on its vocabulary-sharded logits under `loss_parallel()` (what a TP head feeding the whole
+sequence's logits to the loss does), the chunked one fused with each rank's slice; figures are the largest rank's.
+
     python bench/bench_loss.py                             # meta: bytes only, both losses at full size
     python bench/bench_loss.py --device cpu --seq 2048     # real tensors: bytes, RSS and time
+    python bench/bench_loss.py --device cpu --seq 2048 --tp 2 --threads 1
 """
 import argparse, json, os, subprocess, sys, time, weakref
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,7 +35,8 @@ def parse():
     p.add_argument('--chunk', type=int, default=1024, help='tokens per loss chunk (parallel.loss_chunk)')
     p.add_argument('--precision', default='fp32', choices=['fp32', 'bf16'])
     p.add_argument('--device', default='meta', choices=['meta', 'cpu', 'cuda'])
-    p.add_argument('--threads', type=int, default=2)
+    p.add_argument('--threads', type=int, default=2, help='threads per process')
+    p.add_argument('--tp', type=int, default=1, help='vocab-parallel over this many gloo processes (real devices)')
     p.add_argument('--one', choices=['plain', 'chunked'], help=argparse.SUPPRESS)   # the subprocess's own run
     return p.parse_args()
 
@@ -89,25 +95,53 @@ def hidden_and_head(a):
     return h.detach().requires_grad_(), head, tokens[:, 1:]
 
 
+def shard_head(head, h):
+    "The head's weight sharded over the vocabulary across the TP ranks, and `h` as a replicated DTensor."
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh('cpu', (dist.get_world_size(),))
+    head.weight = torch.nn.Parameter(distribute_tensor(head.weight.detach(), mesh, [Shard(0)]))
+    return DTensor.from_local(h, mesh, [Replicate()], run_check=False)
+
+
 def run_one(a) -> dict:
-    "Forward and backward of one loss under the byte counter (run in its own process)."
+    "Forward and backward of one loss under the byte counter (run in its own process, or in each TP process)."
+    from contextlib import nullcontext
+    from torch.distributed.tensor.parallel import loss_parallel
     from nxpretrain.parallel.loss import token_loss_sum
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     h, head, labels = hidden_and_head(a)
+    h_plain = shard_head(head, h) if a.tp > 1 else h
     if a.device != 'meta':
         with open('/proc/self/clear_refs', 'w') as f: f.write('5')   # reset VmHWM to the current RSS
     hwm0, t0 = hwm_kib(), time.perf_counter()
     with LiveBytes() as live, torch.autocast(a.device if a.device != 'meta' else 'cpu', torch.bfloat16,
                                              enabled=a.precision == 'bf16'):
-        if a.one == 'plain': loss = token_loss_sum(F.linear(h, head.weight), labels)
-        else: loss = head.loss_sum(h, labels)
-        loss.backward()
+        with loss_parallel() if a.tp > 1 else nullcontext():
+            if a.one == 'plain': loss = token_loss_sum(F.linear(h_plain, head.weight), labels)
+            else: loss = head.loss_sum(h, labels)
+            loss.backward()
     seconds = time.perf_counter() - t0
     return dict(peak_bytes=live.peak, rss_growth=(hwm_kib() - hwm0) * 1024 if a.device != 'meta' else None,
                 seconds=seconds if a.device != 'meta' else None,
                 loss=None if a.device == 'meta' else loss.item(),
-                grad_w=None if a.device == 'meta' else head.weight.grad.double().norm().item())
+                grad_w=None if a.device == 'meta' else grad_norm(head.weight.grad))
+
+
+def grad_norm(g) -> float:
+    "The norm of a gradient, whole (a sharded one's over every rank)."
+    from torch.distributed.tensor import DTensor
+    return (g.full_tensor() if isinstance(g, DTensor) else g).double().norm().item()
+
+
+def run_tp(a) -> dict:
+    "`run_one` on each of `a.tp` gloo processes: the largest rank's bytes and time."
+    from nxpretrain.parallel.spawn import run_distributed
+    ranks = run_distributed(run_one, a.tp, a, timeout=1800, threads=a.threads)
+    worst = {k: max(r[k] for r in ranks) for k in ('peak_bytes', 'rss_growth', 'seconds')}
+    return ranks[0] | worst
 
 
 def cpu_flags() -> str:
@@ -122,8 +156,10 @@ def main():
     a = parse()
     if a.precision == 'bf16' and a.device == 'meta':
         sys.exit('--precision bf16 needs a real device (autocast does not cast meta tensors): add --device cpu or cuda')
+    if a.tp > 1 and a.device != 'cpu':
+        sys.exit('--tp runs on gloo processes with real CPU tensors: add --device cpu')
     if a.one:
-        print(json.dumps(run_one(a)))
+        print(json.dumps(run_tp(a) if a.tp > 1 else run_one(a)))
         return
     args = [a for a in sys.argv[1:]]
     res = {}
@@ -133,7 +169,7 @@ def main():
         res[kind] = json.loads(p.stdout.strip().splitlines()[-1])
     gib = 2**30
     print(f'loss of vocab {a.vocab:,} × seq {a.seq:,} (hidden {a.hidden}), {a.precision}, device {a.device}, '
-          f'chunk {a.chunk} tokens, {a.threads} threads')
+          f'chunk {a.chunk} tokens, {a.threads} threads' + (f' × TP {a.tp} processes (largest rank)' if a.tp > 1 else ''))
     print(f'CPU flags: {cpu_flags()}; load average {os.getloadavg()[0]:.2f} (a shared machine: times are not '
           f'idle-machine figures); torch {torch.__version__}')
     print(f"{'':24}{'plain':>12}{'chunked':>12}{'plain/chunked':>16}")

@@ -173,14 +173,10 @@ def _engine_activations(r: Recipe, dp: int) -> float:
     V = padded_vocab(m, p.tp)
     e = 2 if p.precision == 'bf16' else 4
     tokens = m.seq_len / p.cp * d.micro_batch
-    chunk_tokens = loss_chunk_tokens(r)
-    chunk = min(tokens, chunk_tokens or tokens)   # a chunked loss holds one chunk's logits at a time
+    chunk = min(tokens, loss_chunk_tokens(r))   # the fused loss holds one chunk's logits at a time
     if p.pp > 1: loss = 0   # pipeline rank 0, the one counted here, holds no loss
-    elif chunk_tokens and p.tp == 1:   # fused (ChunkedHead's weight is no DTensor without TP)
-        # a chunk's logits, their fp32 copy (bf16) and log-softmax; the gradients of the hidden states and the head
-        loss = (e + 4 + (4 if e == 2 else 0)) * chunk * V + 4 * (tokens + V) * m.hidden
-    else:   # the logits, fp32 log-softmax, and in backward two fp32 gradients of the logits
-        loss = (e + 3 * 4) * chunk * V / p.tp
+    else:   # a chunk's logits, their fp32 copy (bf16) and log-softmax; the gradients of the hidden states and the head
+        loss = (e + 4 + (4 if e == 2 else 0)) * chunk * V / p.tp + 4 * (tokens + V / p.tp) * m.hidden
     casts = 2 * rank_parameters(r)[0] if p.precision == 'bf16' else 0   # autocast's bf16 weight copies, kept for backward
     # under TP the vocabulary-parallel embedding's backward builds the whole (vocab × hidden) gradient before slicing it
     embedding = 4 * V * m.hidden if p.tp > 1 else 0

@@ -70,7 +70,7 @@ class ParallelConfig:
     activation_checkpointing: Literal['none', 'full', 'selective'] = 'none'
     checkpoint_modules: list[RecomputeKind] = field(default_factory=list)  # for selective, e.g. [attention, mlp]
     precision: Literal['bf16', 'fp32'] = 'bf16'   # bf16: mixed, fp32 master weights
-    loss_chunk: int = 0                  # tokens per cross-entropy chunk (logits never whole); 0 = auto (loss_chunk_tokens)
+    loss_chunk: int = 0                  # tokens per cross-entropy chunk (logits never whole); 0 = auto (FUSED_LOSS_CHUNK)
     overlap_grad_reduce: bool = True     # sum DP gradients from backward hooks while backward runs (pp=1, no FSDP)
     attention: Literal['auto', 'sdpa', 'dense'] = 'auto'   # attention core; auto: dense GEMMs on CPU in bf16 (see attention_kernel)
 
@@ -328,7 +328,7 @@ def problems(recipe: Recipe, world: int | None = None) -> list[str]:
     if p.sequence_parallel and p.tp == 1: out.append("parallel.sequence_parallel=true needs parallel.tp > 1: set it false or raise tp")
     if p.attention == 'dense' and p.cp > 1: out.append("parallel.attention=dense with parallel.cp > 1: context parallelism runs ring attention; set parallel.attention=auto")
     if p.zero1 and p.fsdp: out.append("parallel.zero1 and parallel.fsdp are both set: FSDP already shards optimizer state; keep one")
-    if p.loss_chunk < 0: out.append(f"parallel.loss_chunk={p.loss_chunk}: give tokens per loss chunk (e.g. 1024), or 0 for the whole micro-batch")
+    if p.loss_chunk < 0: out.append(f"parallel.loss_chunk={p.loss_chunk}: give tokens per loss chunk (e.g. 1024), or 0 for automatic")
     if p.activation_checkpointing == 'selective' and not p.checkpoint_modules:
         out.append("parallel.activation_checkpointing=selective needs parallel.checkpoint_modules, e.g. [attention, mlp]")
     try: out += family(m.arch).problems(recipe)   # what the model family supports and needs
@@ -384,10 +384,8 @@ def attention_kernel(recipe: Recipe, device_type: str | None = None) -> str:
 FUSED_LOSS_CHUNK = 512   # tokens per chunk of the fused loss when parallel.loss_chunk=0
 
 def loss_chunk_tokens(recipe: Recipe) -> int:
-    "Tokens per cross-entropy chunk in the engine: `parallel.loss_chunk`, else `FUSED_LOSS_CHUNK` without TP; 0: whole logits."
-    p = recipe.parallel
-    if p.loss_chunk: return p.loss_chunk
-    return FUSED_LOSS_CHUNK if p.tp == 1 else 0
+    "Tokens per cross-entropy chunk in the engine: `parallel.loss_chunk`, else `FUSED_LOSS_CHUNK`."
+    return recipe.parallel.loss_chunk or FUSED_LOSS_CHUNK
 
 # %% ../nbs/api/00_recipes.ipynb #be548b9e
 _GPT2_VOCAB, _LLAMA3_VOCAB, _BERT_VOCAB, DEMO_VOCAB = 50257, 128256, 30522, 8192

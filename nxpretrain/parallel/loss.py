@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 import torch.nn as nn
+import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor, Replicate
-from torch.utils.checkpoint import checkpoint
+from torch.distributed.tensor import DTensor, Partial, Replicate
 
 # %% auto #0
 __all__ = ['IGNORE_INDEX', 'token_loss_sum', 'LossCounts', 'FusedLinearCrossEntropy', 'ChunkedHead', 'lm_loss_sum',
@@ -34,36 +34,64 @@ class LossCounts:
     sequences: float = 1.0
 
 # %% ../../nbs/api/34a_loss.ipynb #9d901a48
-def _fused_chunk(x, weight, bias, y, ignore_index: int, grad_x, grad_w, grad_b) -> torch.Tensor:
-    "One chunk's loss sum; with `grad_x` it writes the chunk's gradient of `x` there and adds to `grad_w`, `grad_b`."
+def _log_softmax(logits, group=None) -> torch.Tensor:
+    "fp32 log-softmax of `logits` (N, V); under TP the vocabulary is the union of the ranks' slices across `group`."
+    x = logits.float()
+    if group is None: return torch.log_softmax(x, dim=-1)
+    top = x.amax(dim=-1, keepdim=True)
+    dist.all_reduce(top, dist.ReduceOp.MAX, group=group)
+    x = x.sub_(top)   # in place: the logits (or their fp32 copy) are not needed again
+    sum_exp = x.exp().sum(dim=-1, keepdim=True)
+    dist.all_reduce(sum_exp, group=group)
+    return x.sub_(sum_exp.log_())
+
+def _fused_chunk(x, weight, bias, y, ignore_index: int, grad_x, grad_w, grad_b, group=None, vocab_start: int = 0):
+    """One chunk's sum of −log p(target) over the targets in this rank's vocabulary slice; with `grad_x` it writes the
+    chunk's gradient of `x` there (a partial sum under TP) and adds to `grad_w`, `grad_b`."""
     logits = F.linear(x, weight, bias)
     dtype = logits.dtype
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    log_probs = _log_softmax(logits, group)
     del logits   # free before the gradient matmuls: a chunk's peak is its logits and log-probabilities, once
-    loss = F.nll_loss(log_probs, y, ignore_index=ignore_index, reduction='sum')
+    local = y - vocab_start
+    here = (local >= 0) & (local < log_probs.shape[1]) & (y != ignore_index)   # masks, not indices: fake tensors trace them
+    rows = torch.arange(len(y), device=y.device)
+    local = local.clamp(0, log_probs.shape[1] - 1)
+    loss = -torch.where(here, log_probs[rows, local], 0).sum()
     if grad_x is None: return loss
-    d_logits = log_probs.exp_()                                              # softmax …
-    d_logits[torch.arange(len(y), device=y.device), y.clamp(min=0)] -= 1    # … − one-hot
-    d_logits.masked_fill_((y == ignore_index)[:, None], 0)   # a mask, not indices: fake tensors trace it
+    d_logits = log_probs.exp_()                          # softmax …
+    d_logits[rows, local] -= here.to(d_logits.dtype)    # … − one-hot
+    d_logits.masked_fill_((y == ignore_index)[:, None], 0)
     d_logits = d_logits.to(dtype)
     grad_x.copy_(d_logits @ weight)
     grad_w += d_logits.t() @ x
     if grad_b is not None: grad_b += d_logits.sum(0, dtype=torch.float32)
     return loss   # the chunk's logits die here, before the next chunk's exist
 
+def _compute_dtype(t) -> torch.dtype:
+    "The dtype autocast computes a matmul of `t` in."
+    kind = t.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else t.dtype
+
 class FusedLinearCrossEntropy(torch.autograd.Function):
     """Σ cross-entropy of the logits h·Wᵀ + b of `h` (N, H) over `labels` (N,) ≠ `ignore_index`, `chunk` tokens at a
-    time; with `grads`, each chunk's gradients of h, W and b are made in forward, while its logits exist."""
+    time; with `grads`, each chunk's gradients of h, W and b are made in forward, while its logits exist. Under TP,
+    `weight` and `bias` are this rank's vocabulary slice from row `vocab_start`, and `group` the TP group: the loss is
+    the whole vocabulary's, and the gradient of h this rank's partial sum."""
     @staticmethod
-    def forward(ctx, h, weight, bias, labels, ignore_index: int, chunk: int, grads: bool):
+    def forward(ctx, h, weight, bias, labels, ignore_index: int, chunk: int, grads: bool, group=None, vocab_start=0):
+        dtype = _compute_dtype(h)
+        w = weight.to(dtype)   # once, not once per chunk as autocast would
+        b = None if bias is None else bias.to(dtype)
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         grad_h = torch.empty_like(h) if grads else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if grads else None
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if grads and bias is not None else None
         for i in range(0, labels.numel(), chunk):
             rows = slice(i, i + chunk)
+            x = h[rows].to(dtype)
             grad_x = grad_h[rows] if grads else None
-            total += _fused_chunk(h[rows], weight, bias, labels[rows], ignore_index, grad_x, grad_w, grad_b)
+            total += _fused_chunk(x, w, b, labels[rows], ignore_index, grad_x, grad_w, grad_b, group, vocab_start)
+        if group is not None: dist.all_reduce(total, group=group)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.dtypes = (h.dtype, weight.dtype, None if bias is None else bias.dtype)
         return total
@@ -72,12 +100,9 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_total):
         grads = ctx.saved_tensors
         scaled = [None if g is None else (g * grad_total).to(dt) for g, dt in zip(grads, ctx.dtypes)]
-        return *scaled, None, None, None, None
+        return *scaled, None, None, None, None, None, None
 
 # %% ../../nbs/api/34a_loss.ipynb #6fa62386
-def _chunk_loss_sum(h, weight, bias, labels, ignore_index: int):
-    return token_loss_sum(F.linear(h, weight, bias)[None], labels[None], ignore_index)
-
 class ChunkedHead(nn.Module):
     """An output head whose logits only the loss computes, `chunk` tokens at a time; holds `head`'s weight and bias.
     `input_layout`: the placement of the hidden states on the TP mesh when the weight is a vocabulary-sharded DTensor
@@ -99,15 +124,17 @@ class ChunkedHead(nn.Module):
     def loss_sum(self, h, labels, ignore_index: int = IGNORE_INDEX):
         "`token_loss_sum` of the logits of hidden states `h` (B, S, H), computed and differentiated a chunk at a time."
         h, labels = self._replicated(h).flatten(0, 1), labels.flatten()
-        if not isinstance(self.weight, DTensor):
-            return FusedLinearCrossEntropy.apply(h, self.weight, self.bias, labels, ignore_index, self.chunk,
-                                                 torch.is_grad_enabled())
-        total = 0
-        for i in range(0, labels.numel(), self.chunk):
-            j = i + self.chunk
-            total = total + checkpoint(_chunk_loss_sum, h[i:j], self.weight, self.bias, labels[i:j], ignore_index,
-                                       use_reentrant=False)
-        return total
+        weight, bias, group, start = self.weight, self.bias, None, 0
+        if isinstance(weight, DTensor):
+            mesh = weight.device_mesh
+            group = mesh.get_group()
+            # Shard(0) splits as torch.chunk does: every slice but the last holds ⌈V / TP⌉ rows
+            start = mesh.get_local_rank() * -(-weight.shape[0] // mesh.size())
+            h = h.to_local(grad_placements=[Partial()])   # this rank's gradient of h is its vocabulary slice's part
+            weight = weight.to_local()
+            bias = None if bias is None else bias.to_local()
+        return FusedLinearCrossEntropy.apply(h, weight, bias, labels, ignore_index, self.chunk,
+                                             torch.is_grad_enabled(), group, start)
 
 # %% ../../nbs/api/34a_loss.ipynb #e60f327f
 def lm_loss_sum(out, labels, ignore_index: int = IGNORE_INDEX, head: ChunkedHead | None = None):
