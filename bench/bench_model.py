@@ -10,6 +10,9 @@ matmuls (a CPU without AVX-512-BF16/AMX multiplies bf16 ~50× slower than fp32; 
     python bench/bench_model.py                       # fp32 and (if fast) bf16, 2 threads
     python bench/bench_model.py --precision fp32 --steps 5 --compile   # also the trainer step with trainer.compile=true
     python bench/bench_model.py --attention           # also SDPA against the dense attention core, at 1, 2 and 4 × seq
+
+The process keeps freed memory as nxpretrain's trainer does on a CPU (`nxpretrain.train.allocator`), for every row, HF's
+included; `--glibc-default` leaves glibc's malloc as it is, to see what that is worth.
 """
 import argparse, copy, statistics, time, sys, os
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,6 +22,7 @@ from nxpretrain.recipes import get_recipe, padded_vocab, override, attention_ker
 from nxpretrain.models import build_model, count_parameters
 from nxpretrain.models.hf import to_hf_config, from_hf_state_dict
 from nxpretrain.perf import measure_matmul_tflops, model_flops_per_token, step_profile
+from nxpretrain.train.allocator import keep_freed_memory
 
 def parse():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,6 +41,7 @@ def parse():
     p.add_argument('--peak-seconds', type=float, default=2.0)
     p.add_argument('--profile', action='store_true', help='also print where each step spends its time (torch.profiler)')
     p.add_argument('--attention', action='store_true', help="also time the attention cores alone: torch's SDPA against the dense core")
+    p.add_argument('--glibc-default', action='store_true', help="leave glibc's malloc as it is (the trainer keeps freed memory)")
     return p.parse_args()
 
 def trainer(forward, model, tokens, bf16):
@@ -110,6 +115,7 @@ def main():
     import transformers as T
     T.logging.set_verbosity_error()
     torch.set_num_threads(a.threads)
+    kept = not a.glibc_default and keep_freed_memory()   # as the trainer on a CPU: for every row, HF's too
     recipe = get_recipe('gpt3_tiny', f'model.n_layers={a.layers}', f'model.hidden={a.hidden}', f'model.n_heads={a.heads}',
                         f'model.vocab_size={a.vocab}', f'model.seq_len={a.seq}', 'model.dropout=0.0')
     cfg = recipe.model
@@ -121,6 +127,7 @@ def main():
           f"{os.getloadavg()[0]:.2f} (on a shared machine these are not idle-machine figures)")
     print(f"torch {torch.__version__}, transformers {T.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{a.threads} threads, batch {a.batch} × seq {a.seq}")
+    print(f"host allocator: {'freed memory kept (as the trainer on a CPU), for every row' if kept else 'glibc default'}")
     peaks = {p: measure_matmul_tflops(DTYPES[p], seconds=a.peak_seconds) for p in ('fp32', 'bf16')}
     print(f"measured matmul peak: fp32 {peaks['fp32'] * 1e3:.1f} GFLOP/s, bf16 {peaks['bf16'] * 1e3:.1f} GFLOP/s")
     torch.manual_seed(0)

@@ -2,7 +2,8 @@
 
 DP2 and TP2 run as 2 processes × 1 thread (gloo); the baseline is 1 process × 2 threads on the same global batch,
 the same model and precision. Prints tokens/s and the ratios against the targets (DP2 ≥ 0.85, TP2 ≥ 0.70), and the share of a step spent waiting for
-the DP gradient sums (exposed communication: the engine's `DP_WAIT` profiler range, over two profiled steps).
+the DP gradient sums (exposed communication: the engine's `DP_WAIT` profiler range, over two profiled steps). Every
+process keeps freed memory, as the trainer does on a CPU (`nxpretrain.train.allocator`).
 
     python bench/bench_parallel.py                      # small GPT, fp32
     python bench/bench_parallel.py --precision bf16 --steps 6 --layouts dp2 tp2 fsdp2
@@ -28,6 +29,8 @@ def train(args, layout):
     from nxpretrain.recipes import padded_vocab
     from nxpretrain.parallel.engine import build_parallel_model
     from nxpretrain.parallel.data import dp_shard
+    from nxpretrain.train.allocator import keep_freed_memory
+    keep_freed_memory()   # as the trainer on a CPU
     r = recipe(args, layout)
     st = initialize_model_parallel(r.parallel.tp, r.parallel.pp, r.parallel.cp, 'cpu')
     with torch.device('meta'): n_params = count_parameters(build_model(r.model, padded_vocab(r.model, r.parallel.tp)))

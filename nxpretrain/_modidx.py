@@ -1459,6 +1459,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'nxpretrain.trace.traced_micro_batches': ('api/trace.html#traced_micro_batches', 'nxpretrain/trace.py'),
                                   'nxpretrain.trace.untraceable': ('api/trace.html#untraceable', 'nxpretrain/trace.py'),
                                   'nxpretrain.trace.with_micro_batches': ('api/trace.html#with_micro_batches', 'nxpretrain/trace.py')},
+            'nxpretrain.train.allocator': { 'nxpretrain.train.allocator.keep_freed_memory': ( 'api/allocator.html#keep_freed_memory',
+                                                                                              'nxpretrain/train/allocator.py')},
             'nxpretrain.train.checkpoint': { 'nxpretrain.train.checkpoint.Checkpointer': ( 'api/checkpoint.html#checkpointer',
                                                                                            'nxpretrain/train/checkpoint.py'),
                                              'nxpretrain.train.checkpoint.Checkpointer.__init__': ( 'api/checkpoint.html#checkpointer.__init__',

@@ -235,8 +235,10 @@ class Trainer:
         from nxpretrain.train.metrics import Progress
         from nxpretrain.train.trackers import Trackers
         from nxpretrain.recipes import to_yaml
+        from nxpretrain.train.allocator import keep_freed_memory
         tr = self.recipe.trainer
         if tr.threads > 0: torch.set_num_threads(tr.threads)
+        if state.torch_device.type == 'cpu': keep_freed_memory()   # each step reuses the last step's pages
         if tr.compile:   # before the first compile reads where its cache is
             from nxpretrain.parallel.compile import use_compile_cache
             use_compile_cache(self.recipe)
