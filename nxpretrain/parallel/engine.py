@@ -326,9 +326,8 @@ def _apply_layout(part: nn.Module, stage: int, recipe: Recipe, state: ParallelSt
     elif attention_kernel(recipe, state.torch_device.type) == 'dense': use_dense_attention(part)
     add_positions_hook(part, p.cp, state.rank('cp'), p.tp if (sp and stage > 0) else 1)
     if p.tp > 1: apply_tp(part, state.mesh['tp'], sp, recipe.model.tie_embeddings, family(recipe.model.arch).tp_plan)
-    chunk = loss_chunk_tokens(recipe)
-    if chunk and getattr(part, 'output', None) is not None:   # the loss computes the logits, a chunk at a time
-        part.output = ChunkedHead(part.output, chunk, Shard(1) if sp else Replicate())
+    if getattr(part, 'output', None) is not None:   # the loss computes the logits, a chunk at a time
+        part.output = ChunkedHead(part.output, loss_chunk_tokens(recipe), Shard(1) if sp else Replicate())
     apply_activation_checkpointing(part, p.activation_checkpointing, p.checkpoint_modules)
     if recipe.trainer.compile: compile_blocks(part)   # after TP and recompute, before FSDP wraps the blocks
     if p.fsdp and state.dp * state.cp > 1: apply_fsdp(part, state.sub('dp', 'cp'), p.precision)
