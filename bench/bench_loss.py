@@ -105,11 +105,17 @@ def shard_head(head, h):
     return DTensor.from_local(h, mesh, [Replicate()], run_check=False)
 
 
+def plain_loss(logits, labels):
+    "The summed cross-entropy of whole logits; vocab-parallel (torch's `loss_parallel`) on vocabulary-sharded DTensor logits."
+    from torch.distributed.tensor import DTensor
+    from nxpretrain.parallel.loss import IGNORE_INDEX
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction='sum')
+    return loss.to_local() if isinstance(loss, DTensor) else loss
+
 def run_one(a) -> dict:
     "Forward and backward of one loss under the byte counter (run in its own process, or in each TP process)."
     from contextlib import nullcontext
     from torch.distributed.tensor.parallel import loss_parallel
-    from nxpretrain.parallel.loss import token_loss_sum
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     h, head, labels = hidden_and_head(a)
@@ -120,7 +126,7 @@ def run_one(a) -> dict:
     with LiveBytes() as live, torch.autocast(a.device if a.device != 'meta' else 'cpu', torch.bfloat16,
                                              enabled=a.precision == 'bf16'):
         with loss_parallel() if a.tp > 1 else nullcontext():
-            if a.one == 'plain': loss = token_loss_sum(F.linear(h_plain, head.weight), labels)
+            if a.one == 'plain': loss = plain_loss(F.linear(h_plain, head.weight), labels)
             else: loss = head.loss_sum(h, labels)
             loss.backward()
     seconds = time.perf_counter() - t0

@@ -985,8 +985,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                'nxpretrain/parallel/engine.py'),
                                             'nxpretrain.parallel.engine.ParallelModel.loss_counts': ( 'api/engine.html#parallelmodel.loss_counts',
                                                                                                       'nxpretrain/parallel/engine.py'),
-                                            'nxpretrain.parallel.engine.ParallelModel.loss_parallel': ( 'api/engine.html#parallelmodel.loss_parallel',
-                                                                                                        'nxpretrain/parallel/engine.py'),
                                             'nxpretrain.parallel.engine.ParallelModel.module': ( 'api/engine.html#parallelmodel.module',
                                                                                                  'nxpretrain/parallel/engine.py'),
                                             'nxpretrain.parallel.engine.ParallelModel.named_parameters': ( 'api/engine.html#parallelmodel.named_parameters',

@@ -130,7 +130,7 @@ def static_pipeline(pm, mb_tokens: torch.Tensor):
     hidden = torch.empty(mb_tokens.shape[0], s_local, cfg.hidden, requires_grad=True)
     for stage in stages:
         x = mb_tokens if stage.is_first else hidden
-        with pm.autocast(), pm.loss_parallel(): out = stage.submod(x)
+        with pm.autocast(): out = stage.submod(x)
         if stage.is_first and not stage.is_last: hidden = out.detach().requires_grad_(True)
         stage._user_meta = _StageMeta(inputs=extract_tensor_metas((x,)), outputs=extract_tensor_metas((out,)))
         stage._inference_mode = InferenceMode.STATIC

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib, copy, math
 import torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import loss_parallel
 from ..recipes import Recipe, RecipeError, validate, padded_vocab, attention_kernel, loss_chunk_tokens
 from ..models import build_model
 from ..models.dense_attention import use_dense_attention
@@ -102,10 +101,6 @@ class ParallelModel:
             return torch.autocast(self.state.torch_device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def loss_parallel(self):
-        "The vocab-parallel cross-entropy context under TP (logits sharded by vocabulary)."
-        return loss_parallel() if self.state.tp > 1 else contextlib.nullcontext()
-
     @torch.no_grad()
     def loss_counts(self, labels: torch.Tensor) -> LossCounts:
         "The step's normalisers: non-ignored tokens over every DP rank's batch, and sequences."
@@ -137,7 +132,7 @@ class ParallelModel:
         self.loss.counts = counts or self.loss_counts(labels)
         st = self.state
         tokens, labels = cp_shard(tokens, st.cp, st.rank('cp')), cp_shard(labels, st.cp, st.rank('cp'))
-        with self.autocast(), self.loss_parallel():
+        with self.autocast():
             if self.schedule is not None: total = self._pipeline_step(tokens, labels)
             else: total = self._micro_batch_steps(tokens, labels, nsp_labels, inputs)
         self.reduce_grads()
@@ -177,7 +172,7 @@ class ParallelModel:
         tokens, labels = cp_shard(tokens, st.cp, st.rank('cp')), cp_shard(labels, st.cp, st.rank('cp'))
         sums = torch.zeros(5, dtype=torch.float64)
         self.loss.counts = LossCounts()   # the loss function returns sums
-        with self.autocast(), self.loss_parallel():
+        with self.autocast():
             if self.schedule is not None: sums[0] = self._pipeline_sums(tokens, labels)
             else: sums += self._micro_batch_sums(tokens, labels, nsp_labels, inputs)
         sums[1] = (labels != self.ignore_index).sum()   # summed over the DP and CP ranks of the last stage below

@@ -19,12 +19,10 @@ __all__ = ['IGNORE_INDEX', 'token_loss_sum', 'LossCounts', 'FusedLinearCrossEntr
 IGNORE_INDEX = -100
 
 def token_loss_sum(logits, labels, ignore_index: int = IGNORE_INDEX):
-    """Sum of the cross-entropy over non-ignored tokens. With vocabulary-sharded DTensor logits it is the vocab-parallel
-    cross-entropy; forward *and* backward must then run inside `loss_parallel()` (`ParallelModel.forward_backward` does)."""
+    """Sum of the cross-entropy of whole logits (B, S, V) over non-ignored tokens: the plain loss, and the oracle of
+    the fused one below (a TP model never has whole logits: its head's rank slices go to `FusedLinearCrossEntropy`)."""
     flat_logits = logits.flatten(0, 1).float()
-    loss = F.cross_entropy(flat_logits, labels.flatten(), ignore_index=ignore_index, reduction='sum')
-    # a replicated scalar: plain from here on (adds to BERT's NSP loss)
-    return loss.to_local() if isinstance(loss, DTensor) else loss
+    return F.cross_entropy(flat_logits, labels.flatten(), ignore_index=ignore_index, reduction='sum')
 
 # %% ../../nbs/api/34a_loss.ipynb #a62e5c0e
 @dataclass
