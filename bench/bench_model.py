@@ -162,24 +162,28 @@ def main():
             for k, s in steps.items():
                 t0, c0 = time.perf_counter(), time.process_time(); s()
                 times[k].append(time.perf_counter() - t0); cpu[k].append(time.process_time() - c0)
-        if a.profile: profiles.update({(prec, k): step_profile(s) for k, s in steps.items() if 'compiled' not in k})
-        base, base_cpu = statistics.median(times['HF GPT2LMHeadModel']), statistics.median(cpu['HF GPT2LMHeadModel'])
+        if a.profile: profiles.update({(prec, k): step_profile(s) for k, s in steps.items()})
+        hf_times = times['HF GPT2LMHeadModel']
+        base, base_cpu = statistics.median(hf_times), statistics.median(cpu['HF GPT2LMHeadModel'])
         for k, ts in times.items():
             med, med_cpu = statistics.median(ts), statistics.median(cpu[k]); tps = a.batch * a.seq / med
-            rows.append((prec, k, tps, base / med, a.batch * a.seq / med_cpu, base_cpu / med_cpu, tps * fpt / (peaks[prec] * 1e12), losses[k]))
+            per_round = [h / t for h, t in zip(hf_times, ts)]   # each round's HF step over this row's step
+            rows.append((prec, k, tps, base / med, (min(per_round), max(per_round)), a.batch * a.seq / med_cpu,
+                         base_cpu / med_cpu, tps * fpt / (peaks[prec] * 1e12), losses[k]))
     # other processes can depress the first peak measurement: take the better of before and after
     after = {p: max(peaks[p], measure_matmul_tflops(DTYPES[p], seconds=a.peak_seconds)) for p in {r[0] for r in rows}}
-    rows = [(p, k, tps, r, tpc, rc, m * peaks[p] / after[p], loss) for p, k, tps, r, tpc, rc, m, loss in rows]
+    rows = [(p, k, tps, r, rr, tpc, rc, m * peaks[p] / after[p], loss) for p, k, tps, r, rr, tpc, rc, m, loss in rows]
     print("measured matmul peak, best of before/after: " + ', '.join(f"{p} {v * 1e3:.1f} GFLOP/s" for p, v in after.items()))
-    print("\n| precision | model | tokens/s | × HF | tokens per CPU-second | × HF (CPU time) | MFU (vs the measured peak of its precision) | loss after warm-up |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for prec, k, tps, ratio, tpc, ratio_cpu, m, loss in rows:
-        print(f"| {prec} | {k} | {tps:.0f} | {ratio:.2f} | {tpc:.0f} | {ratio_cpu:.2f} | {m:.2f} | {loss:.4f} |")
+    print("\n| precision | model | tokens/s | × HF | × HF, each round (min–max) | tokens per CPU-second | × HF (CPU time) | MFU (vs the measured peak of its precision) | loss after warm-up |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for prec, k, tps, ratio, (lo, hi), tpc, ratio_cpu, m, loss in rows:
+        print(f"| {prec} | {k} | {tps:.0f} | {ratio:.2f} | {lo:.2f}–{hi:.2f} | {tpc:.0f} | {ratio_cpu:.2f} | {m:.2f} | {loss:.4f} |")
     if profiles: print_profiles(profiles)
     if a.attention: attention_table(a, a.heads, peaks)
     session.__exit__(None, None, None)
     print("\nCPU time (process_time, all threads) is less sensitive than wall time to other processes on a shared machine; "
-          "a ratio > 1 means nxpretrain is faster.")
+          "a ratio > 1 means nxpretrain is faster. A round is one step of every row, back to back: the range of its "
+          "ratios is how far load from other processes moved them.")
 
 if __name__ == '__main__':
     main()

@@ -10,8 +10,8 @@ from .recipes import ModelConfig, padded_vocab
 from .plan import flops_per_token
 
 # %% auto #0
-__all__ = ['STEP_KINDS', 'STEP_RANGES', 'measure_matmul_tflops', 'peak_tflops', 'bf16_is_fast', 'model_flops_per_token', 'mfu',
-           'step_profile']
+__all__ = ['STEP_KINDS', 'STEP_RANGES', 'COMPILED_KERNELS', 'measure_matmul_tflops', 'peak_tflops', 'bf16_is_fast',
+           'model_flops_per_token', 'mfu', 'step_profile']
 
 # %% ../nbs/api/29_perf.ipynb #7cea397d
 def _sync(device: torch.device):
@@ -79,6 +79,8 @@ STEP_KINDS = {   # operator name fragments of each kind, first match wins
 }
 # every operator under one of these ranges is of its kind; the fused loss's head matmuls stay matmuls
 STEP_RANGES = {'Optimizer.step': 'optimizer', 'DenseAttentionFunction': 'attention', 'FusedLinearCrossEntropy': 'loss'}
+# inductor's generated code: the call of a compiled graph (its fused kernels run inside it), or a kernel it names
+COMPILED_KERNELS = ('## Call CompiledFxGraph', 'cpp_fused_', 'triton_')
 
 def _kind(event) -> str:
     kind = next((k for k, names in STEP_KINDS.items() if any(n in event.name for n in names)), 'other ops')
@@ -97,8 +99,9 @@ def step_profile(step, steps: int = 2) -> dict:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps): step()
     wall = (time.perf_counter() - t0) * 1e6
-    shares = dict.fromkeys([*STEP_KINDS, 'optimizer', 'other ops'], 0.0)
+    shares = dict.fromkeys([*STEP_KINDS, 'optimizer', 'compiled', 'other ops'], 0.0)
     for e in prof.events():
-        if e.name.startswith('aten::') or e.name.startswith('mkldnn'): shares[_kind(e)] += e.self_cpu_time_total / wall
+        if e.name.startswith(('aten::', 'mkldnn')): shares[_kind(e)] += e.self_cpu_time_total / wall
+        elif any(n in e.name for n in COMPILED_KERNELS): shares['compiled'] += e.self_cpu_time_total / wall
     shares['overhead'] = max(0.0, 1 - sum(shares.values()))
     return {**shares, 'step_s': wall / 1e6 / steps}
