@@ -9,6 +9,10 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+# newer torch calls the all-gather into one tensor all_gather_single (2.13 warns on the old name);
+# older torch has only the old one
+_all_gather_single = getattr(dist, 'all_gather_single', None) or dist.all_gather_into_tensor
+
 # %% auto #0
 __all__ = ['ELEMENTWISE', 'local', 'all_reduce_coalesced', 'all_reduce_grads', 'OverlappedGradReducer', 'partition_params',
            'Zero1Optimizer', 'FlatZero1Optimizer']
@@ -186,7 +190,7 @@ class FlatZero1Optimizer(Zero1Optimizer):
         "Every rank's slice, in order: the whole padded flat buffer."
         if self.n == 1: return shard
         full = torch.empty(shard.numel() * self.n, dtype=shard.dtype, device=shard.device)
-        dist.all_gather_into_tensor(full, shard.contiguous(), group=self.group)
+        _all_gather_single(full, shard.contiguous(), group=self.group)
         return full
 
     @torch.no_grad()
