@@ -1,7 +1,9 @@
-"""Single-process training-step speed of nxpretrain's GPT against HF transformers' GPT2LMHeadModel, side by side.
+"""Single-process training-step speed of nxpretrain's GPT against HF transformers' GPT2LMHeadModel (and with
+`--megatron` megatron-core's GPTModel), side by side.
 
-Same config (≈30M parameters: 8 layers × 512, 8 heads, vocabulary 8192, sequence 256), same weights, same data,
-same optimizer, same threads and precision. The plain loops step as HF's `Trainer` does by default (transformers with
+Same config (`--size 30m`, the default: ≈30M parameters, 8 layers × 512, 8 heads, vocabulary 8192, sequence 256;
+`--size 1.3b`: GPT-3 XL's 24 layers × 2048, 16 heads, GPT-2's vocabulary, sequence 2048, for a GPU), same weights,
+same data, same optimizer, same threads and precision. The plain loops step as HF's `Trainer` does by default (transformers with
 torch ≥ 2.8: fused AdamW, gradient clipping at 1.0); the engine rows are nxpretrain's trainer step itself. Steps of the two models alternate, so load from other processes
 hits both alike; the median step time of each is reported with the ratio, the measured matmul peaks of the machine
 and MFU (model FLOPs, `nxpretrain.perf` convention). bf16 autocast rows run only where the device has fast bf16
@@ -10,6 +12,11 @@ matmuls (a CPU without AVX-512-BF16/AMX multiplies bf16 ~50× slower than fp32; 
     python bench/bench_model.py                       # fp32 and (if fast) bf16, 2 threads
     python bench/bench_model.py --precision fp32 --steps 5 --compile   # also the trainer step with trainer.compile=true
     python bench/bench_model.py --attention           # also SDPA against the dense attention core, at 1, 2 and 4 × seq
+    python bench/bench_model.py --megatron            # also megatron-core's GPTModel (bench/mcore_gpt.py)
+    python bench/bench_model.py --size 1.3b --precision bf16 --megatron --compile   # on a GPU (the default device there)
+
+On a GPU every row runs on CUDA unchanged; the MFU is also given against the datasheet's dense bf16 peak
+(`--datasheet-tflops`, 989 for an H100 or H200).
 
 The process keeps freed memory as nxpretrain's trainer does on a CPU (`nxpretrain.train.allocator`), for every row, HF's
 included; `--glibc-default` leaves glibc's malloc as it is, to see what that is worth.
@@ -24,15 +31,18 @@ from nxpretrain.models.hf import to_hf_config, from_hf_state_dict
 from nxpretrain.perf import measure_matmul_tflops, model_flops_per_token, step_profile
 from nxpretrain.train.allocator import keep_freed_memory
 
+SIZES = {'30m': dict(layers=8, hidden=512, heads=8, vocab=8192, seq=256, batch=8),
+         '1.3b': dict(layers=24, hidden=2048, heads=16, vocab=50257, seq=2048, batch=8)}
+DATASHEET_BF16_TFLOPS = {'H100': 989.0, 'H200': 989.0}   # dense, SXM
+
 def parse():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu', choices=['cpu', 'cuda'])
+    p.add_argument('--size', default='30m', choices=list(SIZES), help='model and batch; the flags below override it')
     p.add_argument('--threads', type=int, default=2)
-    p.add_argument('--batch', type=int, default=8)
-    p.add_argument('--seq', type=int, default=256)
-    p.add_argument('--layers', type=int, default=8)
-    p.add_argument('--hidden', type=int, default=512)
-    p.add_argument('--heads', type=int, default=8)
-    p.add_argument('--vocab', type=int, default=8192)
+    for name in ('batch', 'seq', 'layers', 'hidden', 'heads', 'vocab'): p.add_argument(f'--{name}', type=int)
+    p.add_argument('--megatron', action='store_true', help="also megatron-core's GPTModel (same config and weights, its own loss)")
+    p.add_argument('--datasheet-tflops', type=float, help='dense bf16 peak of the GPU (default: known for H100 and H200)')
     p.add_argument('--steps', type=int, default=4, help='timed steps per model and precision')
     p.add_argument('--warmup', type=int, default=1)
     p.add_argument('--precision', default='fp32,bf16', help='comma-separated: fp32, bf16 (autocast)')
@@ -42,21 +52,40 @@ def parse():
     p.add_argument('--profile', action='store_true', help='also print where each step spends its time (torch.profiler)')
     p.add_argument('--attention', action='store_true', help="also time the attention cores alone: torch's SDPA against the dense core")
     p.add_argument('--glibc-default', action='store_true', help="leave glibc's malloc as it is (the trainer keeps freed memory)")
-    return p.parse_args()
+    a = p.parse_args()
+    for name, value in SIZES[a.size].items():
+        if getattr(a, name) is None: setattr(a, name, value)
+    return a
 
-def trainer(forward, model, tokens, bf16):
+def logits_loss(forward):
+    "The mean cross-entropy of the logits `forward` gives, as HF's Trainer computes it."
+    return lambda x, y: F.cross_entropy(forward(x).flatten(0, 1).float(), y.flatten())
+
+def trainer(loss_fn, model, tokens, bf16):
     "A step as HF's Trainer takes it by default: fused AdamW (adamw_torch_fused), gradients clipped at 1.0."
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     def step():
-        with torch.autocast('cpu', torch.bfloat16, enabled=bf16):
-            logits = forward(tokens[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        with torch.autocast(tokens.device.type, torch.bfloat16, enabled=bf16):
+            loss = loss_fn(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.item()
     return step
+
+def megatron_trainer(cfg, vocab_size, ours, tokens, bf16):
+    "megatron-core's GPTModel with `ours`' weights, in the same loop as HF's, its loss computed by megatron-core."
+    from mcore_gpt import megatron_gpt, load_weights, megatron_loss
+    device = tokens.device.type
+    model, spec = megatron_gpt(cfg, vocab_size, device)
+    load_weights(model, cfg, ours.state_dict(), spec)
+    print(f"megatron-core GPTModel: {spec} layer spec" + ('' if device == 'cuda' else ', CPU shims (bench/mcore_gpt.py)'))
+    return trainer(megatron_loss(model.train(), tokens.shape[1] - 1, device), model, tokens, bf16)
+
+def rate(tflops: float) -> str:
+    "A matmul rate as people quote it: GFLOP/s below one TFLOP/s (CPUs), else TFLOP/s."
+    return f"{tflops * 1e3:.1f} GFLOP/s" if tflops < 1 else f"{tflops:.1f} TFLOP/s"
 
 def engine_trainer(model, tokens, bf16, recipe, state, compile=False):
     "The trainer's step: the parallel engine in a world of one (loss over global counts, global norm, clipping, fused AdamW)."
@@ -91,7 +120,7 @@ def attention_table(a, heads, peaks):
         for seq in (a.seq, 2 * a.seq, 4 * a.seq):
             batch = max(1, a.batch * a.seq // seq)   # the same tokens per step
             shape = (batch, seq, heads, a.hidden // heads)
-            q, k, v = (torch.randn(shape, dtype=DTYPES[prec]).transpose(1, 2).requires_grad_() for _ in range(3))
+            q, k, v = (torch.randn(shape, dtype=DTYPES[prec], device=a.device).transpose(1, 2).requires_grad_() for _ in range(3))
             up = torch.randn_like(q)
             ms = {}
             for name, core in (('sdpa', sdpa), ('dense', dense_attention)):
@@ -115,40 +144,51 @@ def main():
     import transformers as T
     T.logging.set_verbosity_error()
     torch.set_num_threads(a.threads)
-    kept = not a.glibc_default and keep_freed_memory()   # as the trainer on a CPU: for every row, HF's too
+    dev = a.device
+    kept = dev == 'cpu' and not a.glibc_default and keep_freed_memory()   # as the trainer on a CPU: every row, HF's too
     recipe = get_recipe('gpt3_tiny', f'model.n_layers={a.layers}', f'model.hidden={a.hidden}', f'model.n_heads={a.heads}',
                         f'model.vocab_size={a.vocab}', f'model.seq_len={a.seq}', 'model.dropout=0.0')
     cfg = recipe.model
     from nxpretrain.parallel.state import parallel_session
-    session = parallel_session(recipe, 'cpu'); state = session.__enter__()   # a world of one for the engine rows
+    session = parallel_session(recipe, dev); state = session.__enter__()   # a world of one for the engine rows
     V = padded_vocab(cfg)
     flags = next((l.split(':', 1)[1].split() for l in open('/proc/cpuinfo') if l.startswith('flags')), [])
     print(f"CPU flags: {' '.join(f for f in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16') if f in flags)}; load average "
           f"{os.getloadavg()[0]:.2f} (on a shared machine these are not idle-machine figures)")
     print(f"torch {torch.__version__}, transformers {T.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"{a.threads} threads, batch {a.batch} × seq {a.seq}")
+          f"{a.threads} threads, batch {a.batch} × seq {a.seq}, device {dev}")
+    gpu = torch.cuda.get_device_name() if dev == 'cuda' else None
+    datasheet = a.datasheet_tflops or next((v for k, v in DATASHEET_BF16_TFLOPS.items() if gpu and k in gpu), None)
+    if gpu: print(f"GPU: {gpu}; datasheet dense bf16 peak {datasheet or 'unknown (--datasheet-tflops)'} TFLOP/s")
     print(f"host allocator: {'freed memory kept (as the trainer on a CPU), for every row' if kept else 'glibc default'}")
-    peaks = {p: measure_matmul_tflops(DTYPES[p], seconds=a.peak_seconds) for p in ('fp32', 'bf16')}
-    print(f"measured matmul peak: fp32 {peaks['fp32'] * 1e3:.1f} GFLOP/s, bf16 {peaks['bf16'] * 1e3:.1f} GFLOP/s")
+    peaks = {p: measure_matmul_tflops(DTYPES[p], dev, seconds=a.peak_seconds) for p in ('fp32', 'bf16')}
+    print(f"measured matmul peak: fp32 {rate(peaks['fp32'])}, bf16 {rate(peaks['bf16'])}")
     torch.manual_seed(0)
     hf = T.GPT2LMHeadModel(to_hf_config(cfg)).train()
     ours = build_model(cfg).train()
     ours.load_state_dict(from_hf_state_dict(cfg, hf.state_dict()))   # same weights
+    hf, ours = hf.to(dev), ours.to(dev)
     n = count_parameters(ours); fpt = model_flops_per_token(cfg, V)
     print(f"model: {n / 1e6:.1f}M parameters (HF {hf.num_parameters() / 1e6:.1f}M), {fpt / 1e6:.1f} MFLOP per token (6·N + attention)")
-    tokens = torch.randint(0, cfg.vocab_size, (a.batch, a.seq + 1))
+    tokens = torch.randint(0, cfg.vocab_size, (a.batch, a.seq + 1), device=dev)
     rows, profiles = [], {}
     for prec in a.precision.split(','):
         bf16 = prec == 'bf16'
         if bf16 and bf16_skipped(a, peaks):
-            print(f"bf16: skipped – this device's bf16 matmul peak ({peaks['bf16'] * 1e3:.1f} GFLOP/s) is below fp32's "
-                  f"({peaks['fp32'] * 1e3:.1f}); bf16 autocast would only slow training down here (--force-bf16 runs it anyway)")
+            print(f"bf16: skipped – this device's bf16 matmul peak ({rate(peaks['bf16'])}) is below fp32's "
+                  f"({rate(peaks['fp32'])}); bf16 autocast would only slow training down here (--force-bf16 runs it anyway)")
             continue
         r = override(recipe, f'parallel.precision={prec}')
-        print(f"engine rows, {prec}: attention core {attention_kernel(r, 'cpu')}, fused loss in {loss_chunk_tokens(r)}-token chunks")
-        models = {'nxpretrain GPT': copy.deepcopy(ours), 'HF GPT2LMHeadModel': copy.deepcopy(hf)}
-        fwd = {'nxpretrain GPT': models['nxpretrain GPT'], 'HF GPT2LMHeadModel': lambda t, m=models['HF GPT2LMHeadModel']: m(input_ids=t, use_cache=False).logits}
-        steps = {k: trainer(fwd[k], models[k], tokens, bf16) for k in models}
+        print(f"engine rows, {prec}: attention core {attention_kernel(r, dev)}, fused loss in {loss_chunk_tokens(r)}-token chunks")
+        ours_copy, hf_copy = copy.deepcopy(ours), copy.deepcopy(hf)
+        hf_logits = lambda t, m=hf_copy: m(input_ids=t, use_cache=False).logits
+        steps = {'nxpretrain GPT': trainer(logits_loss(ours_copy), ours_copy, tokens, bf16),
+                 'HF GPT2LMHeadModel': trainer(logits_loss(hf_logits), hf_copy, tokens, bf16)}
+        if a.megatron and bf16 and dev == 'cpu':
+            # its linear layers' backward restores CUDA's autocast state only: under a CPU's it multiplies bf16 by fp32
+            print("megatron-core GPTModel, bf16: skipped on a CPU (its linear layers' backward knows CUDA's autocast only)")
+        elif a.megatron:
+            steps['megatron-core GPTModel'] = megatron_trainer(cfg, V, ours, tokens, bf16)
         steps['nxpretrain trainer step (engine, world of one)'] = engine_trainer(copy.deepcopy(ours), tokens, bf16, recipe, state)
         if a.compile:
             steps['nxpretrain trainer step, compiled blocks'] = engine_trainer(copy.deepcopy(ours), tokens, bf16, recipe, state, True)
@@ -162,7 +202,7 @@ def main():
             for k, s in steps.items():
                 t0, c0 = time.perf_counter(), time.process_time(); s()
                 times[k].append(time.perf_counter() - t0); cpu[k].append(time.process_time() - c0)
-        if a.profile: profiles.update({(prec, k): step_profile(s) for k, s in steps.items()})
+        if a.profile and dev == 'cpu': profiles.update({(prec, k): step_profile(s) for k, s in steps.items()})
         hf_times = times['HF GPT2LMHeadModel']
         base, base_cpu = statistics.median(hf_times), statistics.median(cpu['HF GPT2LMHeadModel'])
         for k, ts in times.items():
@@ -170,15 +210,17 @@ def main():
             per_round = [h / t for h, t in zip(hf_times, ts)]   # each round's HF step over this row's step
             rows.append((prec, k, tps, base / med, (min(per_round), max(per_round)), a.batch * a.seq / med_cpu,
                          base_cpu / med_cpu, tps * fpt / (peaks[prec] * 1e12), losses[k]))
+            if datasheet and bf16: print(f"{k}: MFU {tps * fpt / (datasheet * 1e12):.3f} of the datasheet's {datasheet:.0f} TFLOP/s")
     # other processes can depress the first peak measurement: take the better of before and after
-    after = {p: max(peaks[p], measure_matmul_tflops(DTYPES[p], seconds=a.peak_seconds)) for p in {r[0] for r in rows}}
+    after = {p: max(peaks[p], measure_matmul_tflops(DTYPES[p], dev, seconds=a.peak_seconds)) for p in {r[0] for r in rows}}
     rows = [(p, k, tps, r, rr, tpc, rc, m * peaks[p] / after[p], loss) for p, k, tps, r, rr, tpc, rc, m, loss in rows]
-    print("measured matmul peak, best of before/after: " + ', '.join(f"{p} {v * 1e3:.1f} GFLOP/s" for p, v in after.items()))
+    print("measured matmul peak, best of before/after: " + ', '.join(f"{p} {rate(v)}" for p, v in after.items()))
     print("\n| precision | model | tokens/s | × HF | × HF, each round (min–max) | tokens per CPU-second | × HF (CPU time) | MFU (vs the measured peak of its precision) | loss after warm-up |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for prec, k, tps, ratio, (lo, hi), tpc, ratio_cpu, m, loss in rows:
         print(f"| {prec} | {k} | {tps:.0f} | {ratio:.2f} | {lo:.2f}–{hi:.2f} | {tpc:.0f} | {ratio_cpu:.2f} | {m:.2f} | {loss:.4f} |")
     if profiles: print_profiles(profiles)
+    if a.profile and dev != 'cpu': print("--profile: CPU runs only (a GPU's kernels run asynchronously to the operators it times)")
     if a.attention: attention_table(a, a.heads, peaks)
     session.__exit__(None, None, None)
     print("\nCPU time (process_time, all threads) is less sensitive than wall time to other processes on a shared machine; "

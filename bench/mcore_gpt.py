@@ -1,0 +1,103 @@
+"""megatron-core's GPTModel with nxpretrain GPT's config and weights: the competitor row of `bench_model.py --megatron`.
+
+megatron-core is a benchmark competitor here, not a dependency of nxpretrain. Its GPTModel is built with the
+TransformerEngine layer spec where TransformerEngine is installed (as NVIDIA trains it), else with its local spec.
+It computes its own loss (`labels=`: its vocab-parallel cross-entropy). On a CPU, megatron-core's model runs too,
+except for three CUDA-only calls in its attention (a scratch buffer, the default causal mask, the RNG fork around a
+dropout of zero): `cpu_shims` points the first at the CPU and makes the last a no-op, and the bench passes the mask.
+"""
+import contextlib, math
+import torch
+
+def megatron_available() -> bool:
+    try:
+        import megatron.core   # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+def transformer_engine_available() -> bool:
+    try:
+        import transformer_engine.pytorch   # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+def cpu_shims():
+    "Let megatron-core's attention run on a CPU: its scratch buffer on the CPU, no CUDA RNG fork (dropout is 0)."
+    from megatron.core import tensor_parallel, utils
+    def get_tensor(self, shape, dtype, name, mem_alloc_context=None):
+        n = math.prod(shape)
+        if self.buffer.get((name, dtype)) is None or self.buffer[(name, dtype)].numel() < n:
+            self.buffer[(name, dtype)] = torch.empty(n, dtype=dtype)
+        return self.buffer[(name, dtype)][:n].view(*shape)
+    utils.GlobalMemoryBuffer.get_tensor = get_tensor
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
+
+def init_megatron(device: str):
+    "megatron-core's model-parallel state in the world of one that the bench has started (TP = PP = 1)."
+    from megatron.core import parallel_state, tensor_parallel
+    if not parallel_state.model_parallel_is_initialized(): parallel_state.initialize_model_parallel(1, 1)
+    if device == 'cuda': tensor_parallel.model_parallel_cuda_manual_seed(0)
+    else: cpu_shims()
+
+def megatron_gpt(cfg, vocab_size: int, device: str):
+    "(megatron-core GPTModel of nxpretrain's GPT config `cfg`, the name of its layer spec), on `device`, dropout 0."
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+    init_megatron(device)
+    te = device == 'cuda' and transformer_engine_available()
+    cpu = device != 'cuda'
+    # on a CPU its CUDA fusions are off; on a GPU megatron-core's defaults stand
+    fusions = dict(bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+                   persist_layer_norm=False, gradient_accumulation_fusion=False) if cpu else {}
+    config = TransformerConfig(num_layers=cfg.n_layers, hidden_size=cfg.hidden, num_attention_heads=cfg.n_heads,
+                               ffn_hidden_size=cfg.ffn, layernorm_epsilon=cfg.norm_eps, init_method_std=cfg.init_std,
+                               hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=cpu, **fusions)
+    spec = specs.get_gpt_layer_with_transformer_engine_spec() if te else specs.get_gpt_layer_local_spec()
+    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=vocab_size,
+                     max_sequence_length=cfg.positions, position_embedding_type='learned_absolute',
+                     share_embeddings_and_output_weights=cfg.tie_embeddings)
+    return model.to(device), 'TransformerEngine' if te else 'local'
+
+def megatron_state_dict(cfg, sd: dict, te: bool) -> dict:
+    "nxpretrain GPT state dict `sd` in megatron-core's names; Q, K and V interleaved per head into `linear_qkv`."
+    heads, head_dim = cfg.n_heads, cfg.hidden // cfg.n_heads
+    def qkv(q, k, v):
+        per_head = [t.reshape(heads, head_dim, *t.shape[1:]) for t in (q, k, v)]
+        return torch.stack(per_head, 1).reshape(3 * cfg.hidden, *q.shape[1:])
+    # TransformerEngine fuses each pre-norm into the linear layer after it
+    norm_in = 'self_attention.linear_qkv.layer_norm_' if te else 'input_layernorm.'
+    norm_mlp = 'mlp.linear_fc1.layer_norm_' if te else 'pre_mlp_layernorm.'
+    out = {'embedding.word_embeddings.weight': sd['tok_embeddings.weight'],
+           'embedding.position_embeddings.weight': sd['pos_embeddings.weight'],
+           'decoder.final_layernorm.weight': sd['norm.weight'],
+           'decoder.final_layernorm.bias': sd['norm.bias']}
+    if not cfg.tie_embeddings: out['output_layer.weight'] = sd['output.weight']
+    for i in range(cfg.n_layers):
+        ours, theirs = f'layers.{i}.', f'decoder.layers.{i}.'
+        for kind in ('weight', 'bias'):
+            out[theirs + norm_in + kind] = sd[ours + f'attention_norm.{kind}']
+            out[theirs + norm_mlp + kind] = sd[ours + f'ffn_norm.{kind}']
+            out[theirs + f'self_attention.linear_qkv.{kind}'] = qkv(*(sd[ours + f'attention.w{x}.{kind}'] for x in 'qkv'))
+            out[theirs + f'self_attention.linear_proj.{kind}'] = sd[ours + f'attention.wo.{kind}']
+            out[theirs + f'mlp.linear_fc1.{kind}'] = sd[ours + f'mlp.w1.{kind}']
+            out[theirs + f'mlp.linear_fc2.{kind}'] = sd[ours + f'mlp.w2.{kind}']
+    return out
+
+def load_weights(model, cfg, sd: dict, spec: str):
+    "Load nxpretrain's weights `sd` into megatron-core's `model`; every tensor of either side must be used."
+    theirs = megatron_state_dict(cfg, sd, spec == 'TransformerEngine')
+    res = model.load_state_dict(theirs, strict=False)
+    missing = [k for k in res.missing_keys if not k.endswith('_extra_state')]
+    if missing or res.unexpected_keys:
+        raise RuntimeError(f"megatron-core GPTModel ({spec} spec) weights: missing {missing}, unexpected {res.unexpected_keys}")
+    return model
+
+def megatron_loss(model, seq_len: int, device: str):
+    "The mean per-token loss of megatron-core's `model` on (inputs, labels), computed by megatron-core itself."
+    positions = torch.arange(seq_len, device=device)[None]
+    causal = torch.ones(1, 1, seq_len, seq_len, dtype=torch.bool, device=device).triu(1)   # True: masked
+    def loss(x, y): return model(x, positions.expand_as(x), causal, labels=y).float().mean()
+    return loss
