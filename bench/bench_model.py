@@ -83,6 +83,61 @@ def megatron_trainer(cfg, vocab_size, ours, tokens, bf16):
     print(f"megatron-core GPTModel: {spec} layer spec" + ('' if device == 'cuda' else ', CPU shims (bench/mcore_gpt.py)'))
     return trainer(megatron_loss(model.train(), tokens.shape[1] - 1, device), model, tokens, bf16)
 
+def row_makers(a, cfg, V, ours, hf, tokens, bf16, recipe, state) -> dict:
+    "{row name: a function that builds the row's model on the device and returns its step}; HF's row is the baseline."
+    dev = tokens.device
+    def plain(model, forward=None):
+        model = copy.deepcopy(model).to(dev)
+        return trainer(logits_loss(forward(model) if forward else model), model, tokens, bf16)
+    hf_logits = lambda m: (lambda t: m(input_ids=t, use_cache=False).logits)
+    makers = {'nxpretrain GPT': lambda: plain(ours), 'HF GPT2LMHeadModel': lambda: plain(hf, hf_logits)}
+    if a.megatron and bf16 and dev.type == 'cpu':
+        # its linear layers' backward restores CUDA's autocast state only: under a CPU's it multiplies bf16 by fp32
+        print("megatron-core GPTModel, bf16: skipped on a CPU (its linear layers' backward knows CUDA's autocast only)")
+    elif a.megatron:
+        makers['megatron-core GPTModel'] = lambda: megatron_trainer(cfg, V, ours, tokens, bf16)
+    engine = lambda compile: engine_trainer(copy.deepcopy(ours).to(dev), tokens, bf16, recipe, state, compile)
+    makers['nxpretrain trainer step (engine, world of one)'] = lambda: engine(False)
+    if a.compile: makers['nxpretrain trainer step, compiled blocks'] = lambda: engine(True)
+    return makers
+
+def warm_up(a, name, step) -> float:
+    "The loss of the last of `a.warmup` steps (compiling, where the row compiles)."
+    t0 = time.perf_counter()
+    for _ in range(a.warmup): loss = step()
+    if 'compiled' in name: print(f"  compile + {a.warmup} warm-up steps: {time.perf_counter() - t0:.1f} s")
+    return loss
+
+def timed(step) -> tuple:
+    "(wall seconds, CPU seconds) of one step."
+    t0, c0 = time.perf_counter(), time.process_time()
+    step()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+def alternating(a, makers) -> tuple:
+    "Every row built, then their steps alternated A B A B …: (wall times, CPU times, losses, profiles) per row."
+    steps = {k: make() for k, make in makers.items()}
+    losses = {k: warm_up(a, k, s) for k, s in steps.items()}
+    times, cpu = {k: [] for k in steps}, {k: [] for k in steps}
+    for _ in range(a.steps):
+        for k, s in steps.items():
+            wall, used = timed(s)
+            times[k].append(wall)
+            cpu[k].append(used)
+    profiled = {k: step_profile(s) for k, s in steps.items()} if a.profile else {}
+    return times, cpu, losses, profiled
+
+def one_at_a_time(a, makers) -> tuple:
+    "Each row built, warmed up, timed and freed before the next (a GPU's memory holds one): as `alternating`."
+    times, cpu, losses = {}, {}, {}
+    for k, make in makers.items():
+        step = make()
+        losses[k] = warm_up(a, k, step)
+        times[k], cpu[k] = map(list, zip(*(timed(step) for _ in range(a.steps))))
+        del step
+        torch.cuda.empty_cache()
+    return times, cpu, losses, {}
+
 def rate(tflops: float) -> str:
     "A matmul rate as people quote it: GFLOP/s below one TFLOP/s (CPUs), else TFLOP/s."
     return f"{tflops * 1e3:.1f} GFLOP/s" if tflops < 1 else f"{tflops:.1f} TFLOP/s"
@@ -167,7 +222,6 @@ def main():
     hf = T.GPT2LMHeadModel(to_hf_config(cfg)).train()
     ours = build_model(cfg).train()
     ours.load_state_dict(from_hf_state_dict(cfg, hf.state_dict()))   # same weights
-    hf, ours = hf.to(dev), ours.to(dev)
     n = count_parameters(ours); fpt = model_flops_per_token(cfg, V)
     print(f"model: {n / 1e6:.1f}M parameters (HF {hf.num_parameters() / 1e6:.1f}M), {fpt / 1e6:.1f} MFLOP per token (6·N + attention)")
     tokens = torch.randint(0, cfg.vocab_size, (a.batch, a.seq + 1), device=dev)
@@ -180,29 +234,12 @@ def main():
             continue
         r = override(recipe, f'parallel.precision={prec}')
         print(f"engine rows, {prec}: attention core {attention_kernel(r, dev)}, fused loss in {loss_chunk_tokens(r)}-token chunks")
-        ours_copy, hf_copy = copy.deepcopy(ours), copy.deepcopy(hf)
-        hf_logits = lambda t, m=hf_copy: m(input_ids=t, use_cache=False).logits
-        steps = {'nxpretrain GPT': trainer(logits_loss(ours_copy), ours_copy, tokens, bf16),
-                 'HF GPT2LMHeadModel': trainer(logits_loss(hf_logits), hf_copy, tokens, bf16)}
-        if a.megatron and bf16 and dev == 'cpu':
-            # its linear layers' backward restores CUDA's autocast state only: under a CPU's it multiplies bf16 by fp32
-            print("megatron-core GPTModel, bf16: skipped on a CPU (its linear layers' backward knows CUDA's autocast only)")
-        elif a.megatron:
-            steps['megatron-core GPTModel'] = megatron_trainer(cfg, V, ours, tokens, bf16)
-        steps['nxpretrain trainer step (engine, world of one)'] = engine_trainer(copy.deepcopy(ours), tokens, bf16, recipe, state)
-        if a.compile:
-            steps['nxpretrain trainer step, compiled blocks'] = engine_trainer(copy.deepcopy(ours), tokens, bf16, recipe, state, True)
-        losses = {}
-        for k, s in steps.items():
-            t0 = time.perf_counter()
-            for _ in range(a.warmup): losses[k] = s()
-            if 'compiled' in k: print(f"  compile + {a.warmup} warm-up steps: {time.perf_counter() - t0:.1f} s")
-        times, cpu = {k: [] for k in steps}, {k: [] for k in steps}
-        for _ in range(a.steps):                     # alternate: A B A B …
-            for k, s in steps.items():
-                t0, c0 = time.perf_counter(), time.process_time(); s()
-                times[k].append(time.perf_counter() - t0); cpu[k].append(time.process_time() - c0)
-        if a.profile and dev == 'cpu': profiles.update({(prec, k): step_profile(s) for k, s in steps.items()})
+        makers = row_makers(a, cfg, V, ours, hf, tokens, bf16, recipe, state)
+        # a CPU shared with other processes: rows alternate step by step, so load hits them alike; a GPU is not shared,
+        # and several copies of a 1.3B model with their optimizer states would not fit on it: one row at a time
+        run = alternating if dev == 'cpu' else one_at_a_time
+        times, cpu, losses, profiled = run(a, makers)
+        profiles.update({(prec, k): v for k, v in profiled.items()})
         hf_times = times['HF GPT2LMHeadModel']
         base, base_cpu = statistics.median(hf_times), statistics.median(cpu['HF GPT2LMHeadModel'])
         for k, ts in times.items():
@@ -224,8 +261,9 @@ def main():
     if a.attention: attention_table(a, a.heads, peaks)
     session.__exit__(None, None, None)
     print("\nCPU time (process_time, all threads) is less sensitive than wall time to other processes on a shared machine; "
-          "a ratio > 1 means nxpretrain is faster. A round is one step of every row, back to back: the range of its "
-          "ratios is how far load from other processes moved them.")
+          "a ratio > 1 means nxpretrain is faster. " + ("A round is one step of every row, back to back: the range of "
+          "its ratios is how far load from other processes moved them." if dev == 'cpu' else "Rows ran one at a time; "
+          "the range pairs each row's i-th timed step with HF's."))
 
 if __name__ == '__main__':
     main()
