@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from nxpretrain.machine import cpu_flags
 
 
 def parse():
@@ -105,17 +106,12 @@ def shard_head(head, h):
     return DTensor.from_local(h, mesh, [Replicate()], run_check=False)
 
 
-def plain_loss(logits, labels):
-    "The summed cross-entropy of whole logits; vocab-parallel (torch's `loss_parallel`) on vocabulary-sharded DTensor logits."
-    from torch.distributed.tensor import DTensor
-    from nxpretrain.parallel.loss import IGNORE_INDEX
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction='sum')
-    return loss.to_local() if isinstance(loss, DTensor) else loss
-
 def run_one(a) -> dict:
     "Forward and backward of one loss under the byte counter (run in its own process, or in each TP process)."
     from contextlib import nullcontext
+    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
+    from nxpretrain.parallel.loss import token_loss_sum
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     h, head, labels = hidden_and_head(a)
@@ -126,9 +122,10 @@ def run_one(a) -> dict:
     with LiveBytes() as live, torch.autocast(a.device if a.device != 'meta' else 'cpu', torch.bfloat16,
                                              enabled=a.precision == 'bf16'):
         with loss_parallel() if a.tp > 1 else nullcontext():
-            if a.one == 'plain': loss = plain_loss(F.linear(h_plain, head.weight), labels)
+            if a.one == 'plain': loss = token_loss_sum(F.linear(h_plain, head.weight), labels)
             else: loss = head.loss_sum(h, labels)
             loss.backward()
+    loss = loss.to_local() if isinstance(loss, DTensor) else loss   # the plain loss of sharded logits: replicated
     seconds = time.perf_counter() - t0
     return dict(peak_bytes=live.peak, rss_growth=(hwm_kib() - hwm0) * 1024 if a.device != 'meta' else None,
                 seconds=seconds if a.device != 'meta' else None,
@@ -148,14 +145,6 @@ def run_tp(a) -> dict:
     ranks = run_distributed(run_one, a.tp, a, timeout=1800, threads=a.threads)
     worst = {k: max(r[k] for r in ranks) for k in ('peak_bytes', 'rss_growth', 'seconds')}
     return ranks[0] | worst
-
-
-def cpu_flags() -> str:
-    flags = set()
-    for line in open('/proc/cpuinfo'):
-        if line.startswith('flags'): flags = set(line.split(':', 1)[1].split()); break
-    keep = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile')
-    return ' '.join(f for f in keep if f in flags) or 'none of avx2/avx512/amx'
 
 
 def main():

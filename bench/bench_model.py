@@ -30,6 +30,7 @@ from nxpretrain.models import build_model, count_parameters
 from nxpretrain.models.hf import to_hf_config, from_hf_state_dict
 from nxpretrain.perf import measure_matmul_tflops, model_flops_per_token, step_profile
 from nxpretrain.train.allocator import keep_freed_memory
+from nxpretrain.machine import cpu_flags
 
 SIZES = {'30m': dict(layers=8, hidden=512, heads=8, vocab=8192, seq=256, batch=8),
          '1.3b': dict(layers=24, hidden=2048, heads=16, vocab=50257, seq=2048, batch=8)}
@@ -207,8 +208,7 @@ def main():
     from nxpretrain.parallel.state import parallel_session
     session = parallel_session(recipe, dev); state = session.__enter__()   # a world of one for the engine rows
     V = padded_vocab(cfg)
-    flags = next((l.split(':', 1)[1].split() for l in open('/proc/cpuinfo') if l.startswith('flags')), [])
-    print(f"CPU flags: {' '.join(f for f in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16') if f in flags)}; load average "
+    print(f"CPU flags: {cpu_flags()}; load average "
           f"{os.getloadavg()[0]:.2f} (on a shared machine these are not idle-machine figures)")
     print(f"torch {torch.__version__}, transformers {T.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{a.threads} threads, batch {a.batch} × seq {a.seq}, device {dev}")

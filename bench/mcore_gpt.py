@@ -9,13 +9,6 @@ dropout of zero): `cpu_shims` points the first at the CPU and makes the last a n
 import contextlib, math
 import torch
 
-def megatron_available() -> bool:
-    try:
-        import megatron.core   # noqa: F401
-        return True
-    except ImportError:
-        return False
-
 def transformer_engine_available() -> bool:
     try:
         import transformer_engine.pytorch   # noqa: F401

@@ -735,6 +735,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'nxpretrain.machine._storage_text': ('api/machine.html#_storage_text', 'nxpretrain/machine.py'),
                                     'nxpretrain.machine.backend_of': ('api/machine.html#backend_of', 'nxpretrain/machine.py'),
                                     'nxpretrain.machine.corpus_ready': ('api/machine.html#corpus_ready', 'nxpretrain/machine.py'),
+                                    'nxpretrain.machine.cpu_flags': ('api/machine.html#cpu_flags', 'nxpretrain/machine.py'),
                                     'nxpretrain.machine.cuda_devices': ('api/machine.html#cuda_devices', 'nxpretrain/machine.py'),
                                     'nxpretrain.machine.data_dir_default': ('api/machine.html#data_dir_default', 'nxpretrain/machine.py'),
                                     'nxpretrain.machine.data_gaps': ('api/machine.html#data_gaps', 'nxpretrain/machine.py'),

@@ -12,11 +12,11 @@ from .recipes import CATALOG, Recipe, get_recipe, world_size
 from .clusters import profile
 
 # %% auto #0
-__all__ = ['SHARED_FS', 'KEY_PACKAGES', 'Table', 'host_info', 'pkg_version', 'torch_build', 'neuron_info', 'backend_of', 'Device',
-           'cuda_devices', 'devices', 'SlurmInfo', 'parse_sinfo', 'slurm_info', 'Mount', 'parse_mounts', 'mount_of',
-           'storage_info', 'MachineReport', 'machine_report', 'report_table', 'recipe_needs', 'data_dir_default',
-           'tokenizer_ready', 'corpus_ready', 'data_gaps', 'gres_nodes', 'recipe_gaps', 'readiness', 'recipe_readiness',
-           'report_dict', 'report_text']
+__all__ = ['MATMUL_FLAGS', 'SHARED_FS', 'KEY_PACKAGES', 'Table', 'host_info', 'cpu_flags', 'pkg_version', 'torch_build',
+           'neuron_info', 'backend_of', 'Device', 'cuda_devices', 'devices', 'SlurmInfo', 'parse_sinfo', 'slurm_info',
+           'Mount', 'parse_mounts', 'mount_of', 'storage_info', 'MachineReport', 'machine_report', 'report_table',
+           'recipe_needs', 'data_dir_default', 'tokenizer_ready', 'corpus_ready', 'data_gaps', 'gres_nodes',
+           'recipe_gaps', 'readiness', 'recipe_readiness', 'report_dict', 'report_text']
 
 # %% ../nbs/api/03_machine.ipynb #191d6967
 @dataclass
@@ -65,6 +65,15 @@ def host_info() -> dict:
     return dict(hostname=socket.gethostname(), os=os_name.group(1) if os_name else platform.platform(),
                 python=platform.python_version(), cpu=cpu.group(1).strip() if cpu else platform.machine(),
                 cpus=cpus, ram_gib=_meminfo_gib('MemTotal'), ram_free_gib=_meminfo_gib('MemAvailable'))
+
+# %% ../nbs/api/03_machine.ipynb #d0a4c344
+MATMUL_FLAGS = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16')
+
+def cpu_flags() -> str:
+    "The matmul instruction sets of `MATMUL_FLAGS` this CPU has, as `/proc/cpuinfo` names them."
+    line = re.search(r'^flags\s*:(.*)$', _read('/proc/cpuinfo'), re.M)
+    have = set(line.group(1).split()) if line else set()
+    return ' '.join(f for f in MATMUL_FLAGS if f in have) or 'none of ' + ', '.join(MATMUL_FLAGS)
 
 # %% ../nbs/api/03_machine.ipynb #30586b10
 def pkg_version(name: str) -> str | None:

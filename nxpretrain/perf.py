@@ -79,8 +79,9 @@ STEP_KINDS = {   # operator name fragments of each kind, first match wins
 }
 # every operator under one of these ranges is of its kind; the fused loss's head matmuls stay matmuls
 STEP_RANGES = {'Optimizer.step': 'optimizer', 'DenseAttentionFunction': 'attention', 'FusedLinearCrossEntropy': 'loss'}
-# inductor's generated code: the call of a compiled graph (its fused kernels run inside it), or a kernel it names
-COMPILED_KERNELS = ('## Call CompiledFxGraph', 'cpp_fused_', 'triton_')
+# inductor's generated CPU code: the call of a compiled graph (its fused kernels run inside it), or a kernel it
+# names when TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1
+COMPILED_KERNELS = ('## Call CompiledFxGraph', 'cpp_fused_')
 
 def _kind(event) -> str:
     kind = next((k for k, names in STEP_KINDS.items() if any(n in event.name for n in names)), 'other ops')

@@ -70,7 +70,9 @@ def _fused_chunk(x, weight, bias, y, ignore_index: int, grad_x, grad_w, grad_b, 
 def _compute_dtype(t) -> torch.dtype:
     "The dtype autocast computes a matmul of `t` in."
     kind = t.device.type
-    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else t.dtype
+    # `meta` (shape-only runs) has no autocast: asking whether it is enabled there raises
+    enabled = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
+    return torch.get_autocast_dtype(kind) if enabled else t.dtype
 
 class FusedLinearCrossEntropy(torch.autograd.Function):
     """Σ cross-entropy of the logits h·Wᵀ + b of `h` (N, H) over `labels` (N,) ≠ `ignore_index`, `chunk` tokens at a

@@ -124,6 +124,5 @@ class Scalars:
 # %% ../../nbs/api/42_metrics.ipynb #5f81d09c
 def cpu_bf16_ok() -> bool:
     "True when this CPU has native bf16 matmul instructions (avx512_bf16 or amx_bf16)."
-    try: flags = Path('/proc/cpuinfo').read_text()
-    except OSError: return False
-    return 'avx512_bf16' in flags or 'amx_bf16' in flags
+    from nxpretrain.machine import cpu_flags
+    return bool({'avx512_bf16', 'amx_bf16'} & set(cpu_flags().split()))
