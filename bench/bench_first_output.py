@@ -40,7 +40,8 @@ def run(nb_path: Path, params: dict, cwd: Path, env: dict) -> dict:
                     c = msg['content']
                     said = c.get('text') or ''.join(c.get('data', {}).get('text/plain', '')) or c.get('ename', '')
             reply = kc.execute_interactive(code, timeout=900, output_hook=hook)
-            if reply['content']['status'] != 'ok': raise RuntimeError(f"{nb_path.name}: {reply['content'].get('evalue')}")
+            if reply['content']['status'] != 'ok':
+                raise RuntimeError(f"{nb_path.name}: {reply['content'].get('evalue')}")
         return dict(first_s=first, total_s=time.perf_counter() - t0, said=' '.join(said.split())[:70])
     finally:
         kc.stop_channels()

@@ -85,8 +85,9 @@ def hidden_and_head(a):
     from nxpretrain.recipes import get_recipe
     from nxpretrain.models import build_model
     from nxpretrain.parallel.loss import ChunkedHead
-    r = get_recipe('llama3_tiny', 'model.n_layers=1', f'model.hidden={a.hidden}', 'model.n_heads=4', 'model.n_kv_heads=2',
-                   f'model.ffn_hidden={2 * a.hidden}', f'model.vocab_size={a.vocab}', f'model.seq_len={a.seq}')
+    r = get_recipe('llama3_tiny', 'model.n_layers=1', f'model.hidden={a.hidden}', 'model.n_heads=4',
+                   'model.n_kv_heads=2', f'model.ffn_hidden={2 * a.hidden}', f'model.vocab_size={a.vocab}',
+                   f'model.seq_len={a.seq}')
     with torch.device(a.device):
         model = build_model(r.model, a.vocab)
     head = ChunkedHead(model.output, a.chunk)
@@ -163,8 +164,10 @@ def main():
         if p.returncode: sys.exit(f'{kind} loss failed:\n{p.stderr[-2000:]}')
         res[kind] = json.loads(p.stdout.strip().splitlines()[-1])
     gib = 2**30
-    print(f'loss of vocab {a.vocab:,} × seq {a.seq:,} (hidden {a.hidden}), {a.precision}, device {a.device}, '
-          f'chunk {a.chunk} tokens, {a.threads} threads' + (f' × TP {a.tp} processes (largest rank)' if a.tp > 1 else ''))
+    print(
+        f'loss of vocab {a.vocab:,} × seq {a.seq:,} (hidden {a.hidden}), {a.precision}, device {a.device}, '
+        f'chunk {a.chunk} tokens, {a.threads} threads' + (f' × TP {a.tp} processes (largest rank)' if a.tp > 1 else '')
+    )
     print(f'CPU flags: {cpu_flags()}; load average {os.getloadavg()[0]:.2f} (a shared machine: times are not '
           f'idle-machine figures); torch {torch.__version__}')
     print(f"{'':24}{'plain':>12}{'chunked':>12}{'plain/chunked':>16}")

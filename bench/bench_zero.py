@@ -11,7 +11,8 @@ from nxpretrain.parallel.spawn import run_distributed
 
 
 def state_bytes(args, flat: bool) -> int:
-    "Runs on every rank: one optimizer step of the recipe under ZeRO-1; this rank's optimizer state bytes (local shards)."
+    """Runs on every rank: one optimizer step of the recipe under ZeRO-1; this rank's optimizer state bytes (local
+    shards)."""
     from nxpretrain.recipes import get_recipe
     from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
     from nxpretrain.parallel.engine import build_parallel_model, param_groups
@@ -26,7 +27,9 @@ def state_bytes(args, flat: bool) -> int:
     tokens = torch.randint(0, r.model.vocab_size, (r.data.global_batch, r.model.seq_len + 1))
     pm.forward_backward(dp_shard(tokens[:, :-1], st), dp_shard(tokens[:, 1:], st))
     opt.step()
-    n = sum(local(v).numel() * v.element_size() for s in opt.inner.state.values() for v in s.values() if torch.is_tensor(v))
+    n = sum(
+        local(v).numel() * v.element_size() for s in opt.inner.state.values() for v in s.values() if torch.is_tensor(v)
+    )
     destroy_model_parallel()
     return n
 

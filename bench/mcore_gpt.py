@@ -73,7 +73,9 @@ def megatron_state_dict(cfg, sd: dict, te: bool) -> dict:
         for kind in ('weight', 'bias'):
             out[theirs + norm_in + kind] = sd[ours + f'attention_norm.{kind}']
             out[theirs + norm_mlp + kind] = sd[ours + f'ffn_norm.{kind}']
-            out[theirs + f'self_attention.linear_qkv.{kind}'] = qkv(*(sd[ours + f'attention.w{x}.{kind}'] for x in 'qkv'))
+            out[theirs + f'self_attention.linear_qkv.{kind}'] = qkv(
+                *(sd[ours + f'attention.w{x}.{kind}'] for x in 'qkv')
+            )
             out[theirs + f'self_attention.linear_proj.{kind}'] = sd[ours + f'attention.wo.{kind}']
             out[theirs + f'mlp.linear_fc1.{kind}'] = sd[ours + f'mlp.w1.{kind}']
             out[theirs + f'mlp.linear_fc2.{kind}'] = sd[ours + f'mlp.w2.{kind}']
@@ -85,7 +87,8 @@ def load_weights(model, cfg, sd: dict, spec: str):
     res = model.load_state_dict(theirs, strict=False)
     missing = [k for k in res.missing_keys if not k.endswith('_extra_state')]
     if missing or res.unexpected_keys:
-        raise RuntimeError(f"megatron-core GPTModel ({spec} spec) weights: missing {missing}, unexpected {res.unexpected_keys}")
+        raise RuntimeError(f"megatron-core GPTModel ({spec} spec) weights: missing {missing}, unexpected "
+                           f"{res.unexpected_keys}")
     return model
 
 def megatron_loss(model, seq_len: int, device: str):

@@ -25,7 +25,8 @@ def load_model(checkpoint, recipe: Recipe | None = None):
 
 # %% ../nbs/api/61_evaluate.ipynb #78ac00fc
 def perplexity(checkpoint, steps: int | None = None, recipe: Recipe | None = None, dataset=None) -> dict:
-    "{'loss', 'perplexity', 'batches', 'sequences', 'tokens'} of a checkpoint on its recipe's validation split (or `dataset`)."
+    """{'loss', 'perplexity', 'batches', 'sequences', 'tokens'} of a checkpoint on its recipe's validation split (or
+    `dataset`)."""
     from dataclasses import replace
     from nxpretrain.errors import DataError
     from nxpretrain.recipes import ParallelConfig
@@ -35,7 +36,8 @@ def perplexity(checkpoint, steps: int | None = None, recipe: Recipe | None = Non
     model, r = load_model(checkpoint, recipe)
     steps = steps or max(r.trainer.eval_steps, 1)
     ds = dataset if dataset is not None else build_datasets(r, r.data.global_batch)[1]
-    if ds is None: raise DataError(f"{checkpoint}: the recipe's data split {r.data.split!r} has no validation part; pass dataset=")
+    if ds is None:
+        raise DataError(f"{checkpoint}: the recipe's data split {r.data.split!r} has no validation part; pass dataset=")
     alone = replace(r, parallel=ParallelConfig(precision='fp32'))   # one process, fp32
     with parallel_session(alone, 'cpu') as state:
         out = evaluate_loss(parallelize(model, alone, state), ds, steps * r.data.global_batch)
@@ -63,12 +65,13 @@ def evaluation_table(checkpoint, ev: dict, seen: dict | None = None) -> str:
             ['batches', f"{ev['batches']} validation batches ({ev['sequences']} sequences, {ev['tokens']:,} tokens)"]]
     if seen:
         same = 'same batches' if seen['batches'] == ev['batches'] else f"{seen['batches']} batches: a different sample"
-        rows.append(["trainer's", f"loss {seen['loss']:.4f}, perplexity {seen['perplexity']:.2f} at step {seen['step']} ({same})"])
+        rows.append(["trainer's", f"loss {seen['loss']:.4f}, perplexity {seen['perplexity']:.2f} at step "
+                                  f"{seen['step']} ({same})"])
     return Table(['evaluation', ''], rows).text()
 
 # %% ../nbs/api/61_evaluate.ipynb #0a47dfbe
-def generate(model, tokens, max_new_tokens: int = 32, greedy: bool = True, top_k: int | None = 50, temperature: float = 1.0,
-             seed: int = 0, vocab_size: int | None = None) -> 'torch.Tensor':
+def generate(model, tokens, max_new_tokens: int = 32, greedy: bool = True, top_k: int | None = 50,
+             temperature: float = 1.0, seed: int = 0, vocab_size: int | None = None) -> 'torch.Tensor':
     "`tokens` (B, S) extended by `max_new_tokens`; `vocab_size` masks the padded vocabulary rows."
     import torch
     g, x = torch.Generator().manual_seed(seed), torch.as_tensor(tokens).clone()

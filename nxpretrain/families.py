@@ -42,7 +42,8 @@ class ModelFamily:
     def problems(self, recipe) -> list[str]:
         "Why `recipe` cannot run with this family, one line each (empty when it can)."
         m, p, out = recipe.model, recipe.parallel, []
-        used = {'tp': p.tp > 1, 'sp': p.sequence_parallel, 'pp': p.pp > 1, 'cp': p.cp > 1, 'fsdp': p.fsdp, 'zero1': p.zero1}
+        used = {'tp': p.tp > 1, 'sp': p.sequence_parallel, 'pp': p.pp > 1, 'cp': p.cp > 1, 'fsdp': p.fsdp,
+                'zero1': p.zero1}
         fields = {'tp': 'parallel.tp>1', 'sp': 'parallel.sequence_parallel=true', 'pp': 'parallel.pp>1',
                   'cp': 'parallel.cp>1', 'fsdp': 'parallel.fsdp=true', 'zero1': 'parallel.zero1=true'}
         for layout in LAYOUTS:

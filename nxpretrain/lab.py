@@ -25,9 +25,18 @@ def free_port(start: int = 8888, tries: int = 50) -> int:
 # %% ../nbs/api/09_lab.ipynb #8a8d27d1
 def lab_argv(port: int, token: str, root: str | Path = '.') -> list[str]:
     "The `jupyter lab` command line for a server on 127.0.0.1:`port` with `token`, serving `root`."
-    return [sys.executable, '-m', 'jupyterlab', '--no-browser', '--ip=127.0.0.1', f'--port={port}',
-            '--ServerApp.port_retries=0', f'--IdentityProvider.token={token}', f'--ServerApp.root_dir={Path(root).resolve()}',
-            *(['--allow-root'] if os.geteuid() == 0 else [])]   # containers and CI run as root
+    return [
+        sys.executable,
+        '-m',
+        'jupyterlab',
+        '--no-browser',
+        '--ip=127.0.0.1',
+        f'--port={port}',
+        '--ServerApp.port_retries=0',
+        f'--IdentityProvider.token={token}',
+        f'--ServerApp.root_dir={Path(root).resolve()}',
+        *(['--allow-root'] if os.geteuid() == 0 else []),
+    ]  # containers and CI run as root
 
 # %% ../nbs/api/09_lab.ipynb #e0324882
 def handoff(port: int, token: str, host: str | None = None, user: str | None = None, notebook: str = '') -> str:

@@ -11,8 +11,8 @@ from .errors import RecipeError
 from .train.checkpoint import latest_checkpoint, checkpoint_step
 
 # %% auto #0
-__all__ = ['RUN_FILE', 'new_run_id', 'check_run_name', 'run_info', 'run_index', 'latest_run', 'pick_run', 'next_notebook',
-           'what_next', 'demo']
+__all__ = ['RUN_FILE', 'new_run_id', 'check_run_name', 'run_info', 'run_index', 'latest_run', 'pick_run',
+           'next_notebook', 'what_next', 'demo']
 
 # %% ../nbs/api/62_runs.ipynb #5d0d962d
 RUN_FILE = 'run.json'
@@ -107,7 +107,8 @@ def what_next(run: dict) -> str:
 def demo(model: str = 'gpt3_tiny', out_dir: str = 'runs', name: str = '', max_steps: int = 0) -> int:
     "Run the 04_train stage notebook for `model` into a run folder of its own; papermill's exit status."
     nb = Path(__file__).resolve().parent.parent / 'nbs' / '04_train.ipynb'
-    if not nb.exists(): raise RecipeError(f"{nb}: the stage notebooks come with a source checkout; run from a clone of the repository")
+    if not nb.exists():
+        raise RecipeError(f"{nb}: the stage notebooks come with a source checkout; run from a clone of the repository")
     from nxpretrain.stages import load_recipe
     load_recipe(model, max_steps=max_steps or None)            # a bad recipe or step count: one line, nothing written
     run_id, resuming = pick_run(model, out_dir, name, max_steps)
@@ -115,9 +116,11 @@ def demo(model: str = 'gpt3_tiny', out_dir: str = 'runs', name: str = '', max_st
     d.mkdir(parents=True, exist_ok=True)
     if not (d / RUN_FILE).exists():
         (d / RUN_FILE).write_text(json.dumps(dict(model=Path(model).stem, created=time.strftime('%Y-%m-%dT%H:%M:%S'))))
-    print(f"{'taking run' if resuming else 'new run'} {run_id} in {d}" + (f" on to step {max_steps}" if resuming else ''))
-    cmd = [sys.executable, '-m', 'papermill', str(nb), str(next_notebook(d)), '-p', 'model', model, '-p', 'out_dir', out_dir,
-           '-p', 'overrides', f'name={run_id}', '--log-output', '--no-progress-bar', '-k', 'python3']
+    print(
+        f"{'taking run' if resuming else 'new run'} {run_id} in {d}" + (f" on to step {max_steps}" if resuming else '')
+    )
+    cmd = [sys.executable, '-m', 'papermill', str(nb), str(next_notebook(d)), '-p', 'model', model, '-p', 'out_dir',
+           out_dir, '-p', 'overrides', f'name={run_id}', '--log-output', '--no-progress-bar', '-k', 'python3']
     cmd += ['-p', 'max_steps', str(max_steps)] if max_steps else []
     print(' '.join(cmd), flush=True)
     rc = subprocess.call(cmd)

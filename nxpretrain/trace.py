@@ -22,8 +22,8 @@ __all__ = ['EXPORTED_PROFILES', 'MESH_GROUPS', 'CATEGORIES', 'untraceable', 'tra
            'trace', 'render']
 
 # %% ../nbs/api/36_trace.ipynb #901a388d
-EXPORTED_PROFILES = {'trn1.32xlarge': "trn1 runs go through NxD Training (`nxpretrain compile` exports them): this traces "
-                                      "nxpretrain's engine on the same layout, not that run"}
+EXPORTED_PROFILES = {'trn1.32xlarge': "trn1 runs go through NxD Training (`nxpretrain compile` exports them): this "
+                                      "traces nxpretrain's engine on the same layout, not that run"}
 
 def untraceable(r: Recipe) -> str | None:
     "Why `r` cannot be traced (one line naming the field and the fix), or None when it can."
@@ -145,7 +145,8 @@ def p2p_buffer_bytes(stages) -> int:
             for info in infos:
                 b = getattr(info, 'buffer', None)
                 if isinstance(b, torch.Tensor) and id(b) not in seen:
-                    seen.add(id(b)); n += b.numel() * b.element_size()
+                    seen.add(id(b))
+                    n += b.numel() * b.element_size()
     return n
 
 # %% ../nbs/api/36_trace.ipynb #d644d7c0
@@ -169,14 +170,25 @@ def with_micro_batches(r: Recipe, k: int) -> Recipe:
 @dataclass
 class RankTrace:
     "What one rank holds and sends in one step (bytes; collectives: payload bytes per mesh dimension)."
-    rank: int; coords: dict; stages: list
-    parameters: float = 0; gradients: float = 0; optimizer: float = 0; activations: float = 0
-    comm_buffers: float = 0; peak: float = 0
-    comm: dict = field(default_factory=dict); calls: dict = field(default_factory=dict); volume: dict = field(default_factory=dict)
-    micro_batches: int = 0; traced_micro_batches: int = 0; seconds: float = 0
+    rank: int
+    coords: dict
+    stages: list
+    parameters: float = 0
+    gradients: float = 0
+    optimizer: float = 0
+    activations: float = 0
+    comm_buffers: float = 0
+    peak: float = 0
+    comm: dict = field(default_factory=dict)
+    calls: dict = field(default_factory=dict)
+    volume: dict = field(default_factory=dict)
+    micro_batches: int = 0
+    traced_micro_batches: int = 0
+    seconds: float = 0
 
     @property
-    def total(self) -> float: return self.parameters + self.gradients + self.optimizer + self.activations + self.comm_buffers
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.comm_buffers
 
 # %% ../nbs/api/36_trace.ipynb #5904d273
 def _local_bytes(tensors) -> int:
@@ -185,7 +197,9 @@ def _local_bytes(tensors) -> int:
     for t in tensors:
         if t is None: continue
         s = local(t).untyped_storage()
-        if id(s) not in seen: seen.add(id(s)); n += s.nbytes()
+        if id(s) not in seen:
+            seen.add(id(s))
+            n += s.nbytes()
     return n
 
 def _optimizer_tensors(opt) -> list:
@@ -208,7 +222,8 @@ def _step(pm, r: Recipe, tracker: StepTracker, scale: float) -> tuple:
     tracker.measure_activations, tracker.scale = True, scale
     opt.zero_grad(set_to_none=True)
     with _unscaled_after_loop(pm, tracker):
-        pm.forward_backward(tokens, tokens.clone(), counts=LossCounts(tokens=1.0, sequences=1.0), **_extra_inputs(r, tokens))
+        pm.forward_backward(tokens, tokens.clone(), counts=LossCounts(tokens=1.0, sequences=1.0),
+                            **_extra_inputs(r, tokens))
     tracker.measure_activations, tracker.scale = False, 1.0
     pm.clip_grad_norm_(r.optim.clip_grad)
     opt.step()
@@ -223,7 +238,8 @@ def _extra_inputs(r: Recipe, tokens) -> dict:
 
 @contextlib.contextmanager
 def _unscaled_after_loop(pm, tracker):
-    "Scale collectives only while the micro-batch loop (or pipeline schedule) runs, not the gradient reduction after it."
+    """Scale collectives only while the micro-batch loop (or pipeline schedule) runs, not the gradient reduction after
+    it."""
     reduce = pm.reduce_grads
     def unscaled():
         tracker.scale = 1.0
@@ -273,7 +289,10 @@ CATEGORIES = ('parameters', 'gradients', 'optimizer', 'activations', 'comm_buffe
 @dataclass
 class Trace:
     "Traced ranks of a recipe, and the planner's figures for the same layout."
-    recipe: Recipe; ranks: list; planned: dict; note: str | None = None
+    recipe: Recipe
+    ranks: list
+    planned: dict
+    note: str | None = None
 
     def busiest(self, key: str) -> float:
         "The largest traced value of a memory category, or of a mesh dimension's collective bytes."
@@ -321,12 +340,15 @@ def trace_in_process(r: Recipe, rank: int, limit: int | None = None) -> RankTrac
         res = subprocess.run([sys.executable, '-c', _CHILD, path], capture_output=True, text=True)
         if res.returncode:
             last = (res.stderr.strip().splitlines() or ['(no output)'])[-1]
-            raise (RecipeError if 'RecipeError' in last else RuntimeError)(f"tracing rank {rank} of {r.name} failed: {last}")
+            raise (RecipeError if 'RecipeError' in last else RuntimeError)(
+                f"tracing rank {rank} of {r.name} failed: {last}"
+            )
         with open(path, 'rb') as f: return pickle.load(f)
 
 # %% ../nbs/api/36_trace.ipynb #878823bb
 def trace(r: Recipe | str, ranks: list[int] | None = None, limit: int | None = None, progress: bool = True) -> Trace:
-    "Trace one step of `ranks` (default: `default_ranks`) of recipe `r` at full size; the planner's figures beside them."
+    """Trace one step of `ranks` (default: `default_ranks`) of recipe `r` at full size; the planner's figures beside
+    them."""
     from tqdm.auto import tqdm
     r = get_recipe(r) if isinstance(r, str) else r
     if why := untraceable(r): raise RecipeError(why)
@@ -345,17 +367,24 @@ def render(t: Trace) -> str:
     "The per-rank table and the planner-vs-trace comparison of `t`, as aligned text."
     r, p = t.recipe, t.recipe.parallel
     k = t.ranks[0]
-    scaled = (f"{k.traced_micro_batches} of its {k.micro_batches} micro-batches run, the loop's collectives and "
-              f"receive buffers scaled to all" if k.traced_micro_batches < k.micro_batches else f"{k.micro_batches} micro-batch(es)")
+    scaled = (
+        f"{k.traced_micro_batches} of its {k.micro_batches} micro-batches run, the loop's collectives and "
+        f"receive buffers scaled to all"
+        if k.traced_micro_batches < k.micro_batches
+        else f"{k.micro_batches} micro-batch(es)"
+    )
     lines = [f"{r.name}: one training step traced at full size, world {world_size(r)} (TP {p.tp} · PP {p.pp} · "
              f"CP {p.cp} · DP {max(data_parallel_size(r), 1)}); {scaled}"]
     if t.note: lines.append(f"note: {t.note}")
     dims = sorted({d for x in t.ranks for d in x.comm if d != 'world'})
     head = ['rank', 'pp.dp.cp.tp', 'params', 'grads', 'optim', 'activ', 'buffers', 'total', 'peak',
             *[f"{d} comm" for d in dims], 'seconds']
-    rows = [[x.rank, '.'.join(str(x.coords[d]) for d in ('pp', 'dp', 'cp', 'tp')), *map(_gib, (x.parameters, x.gradients,
-             x.optimizer, x.activations, x.comm_buffers, x.total, x.peak)), *[_gib(x.comm.get(d, 0)) for d in dims],
-             f"{x.seconds:.0f}"] for x in t.ranks]
+    rows = [
+        [x.rank, '.'.join(str(x.coords[d]) for d in ('pp', 'dp', 'cp', 'tp')),
+         *map(_gib, (x.parameters, x.gradients, x.optimizer, x.activations, x.comm_buffers, x.total, x.peak)),
+         *[_gib(x.comm.get(d, 0)) for d in dims], f"{x.seconds:.0f}"]
+        for x in t.ranks
+    ]
     lines += ['', 'per rank, GiB (comm: collective payload per step)', *_aligned([head, *rows])]
     cmp = [[item, _gib(a), _gib(b), f"{d:+.1%}" if math.isfinite(d) else 'n/a'] for item, a, b, d in t.comparison()]
     from nxpretrain.plan import runs_engine

@@ -14,7 +14,9 @@ def cjk_text(n_chars: int, seed: int = 0) -> str:
     words = [''.join(rs.choice(CJK[:120]) for _ in range(rs.randint(1, 4))) for _ in range(300)]
     out, n = [], 0
     while n < n_chars:
-        w = rs.choice(words); out.append(w); n += len(w)
+        w = rs.choice(words)
+        out.append(w)
+        n += len(w)
     return ''.join(out)[:n_chars]
 
 
@@ -25,7 +27,8 @@ def training_texts() -> list:
 
 def build_tokenizers(d: Path) -> dict:
     "GPT-2-style byte-level BPE (vocab.json + merges.txt, and as tokenizer.json), SentencePiece and WordPiece, in `d`."
-    d = Path(d); d.mkdir(parents=True, exist_ok=True)
+    d = Path(d)
+    d.mkdir(parents=True, exist_ok=True)
     texts = training_texts()
     bpe = train_bpe(texts, 4000)
     (d / 'gpt2').mkdir(exist_ok=True)
@@ -33,8 +36,8 @@ def build_tokenizers(d: Path) -> dict:
     bpe.tok.save(str(d / 'tok.json'))
     import sentencepiece as spm
     (d / 'sp.txt').write_text('\n'.join(t.replace('\n', ' ')[:4000] for t in texts), encoding='utf-8')
-    spm.SentencePieceTrainer.train(input=str(d / 'sp.txt'), model_prefix=str(d / 'sp'), vocab_size=2000, model_type='bpe',
-                                   minloglevel=2)
+    spm.SentencePieceTrainer.train(input=str(d / 'sp.txt'), model_prefix=str(d / 'sp'), vocab_size=2000,
+                                   model_type='bpe', minloglevel=2)
     from tokenizers.implementations import BertWordPieceTokenizer
     wp = BertWordPieceTokenizer(lowercase=True)
     wp.train_from_iterator(texts, vocab_size=3000, show_progress=False)
@@ -74,7 +77,9 @@ def big_document(script: str, n_bytes: int, seed: int = 0) -> str:
         seps = ['\n', '\r\n', '\r', '\u2028', '\n\n', ' ', '  ', '\t']
         out, n = [], 0
         while n < n_bytes:
-            w = rs.choice(words) + rs.choice(seps); out.append(w); n += len(w.encode())
+            w = rs.choice(words) + rs.choice(seps)
+            out.append(w)
+            n += len(w.encode())
         return ''.join(out)
     raise ValueError(script)
 

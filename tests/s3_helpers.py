@@ -1,10 +1,12 @@
-"Local S3 for the tests: moto's server on a free port, and a TCP proxy that cuts one transfer short (a broken download)."
+"""Local S3 for the tests: moto's server on a free port, and a TCP proxy that cuts one transfer short (a broken
+download)."""
 import contextlib, json, logging, os, socket, threading
 
 
 @contextlib.contextmanager
 def s3_server():
-    "Start moto's S3 server on 127.0.0.1; yields its endpoint URL with test credentials in the environment; stops it after."
+    """Start moto's S3 server on 127.0.0.1; yields its endpoint URL with test credentials in the environment; stops it
+    after."""
     from moto.server import ThreadedMotoServer
     logging.getLogger('werkzeug').setLevel(logging.ERROR)
     srv = ThreadedMotoServer(ip_address='127.0.0.1', port=0, verbose=False)
@@ -24,9 +26,20 @@ def s3_server():
 def make_public(client, bucket):
     "A bucket policy letting anyone list and read `bucket` (as the seeds' public buckets do)."
     # moto checks HEAD against an action of its own, s3:HeadObject (AWS checks s3:GetObject): allow both
-    client.put_bucket_policy(Bucket=bucket, Policy=json.dumps({'Version': '2012-10-17', 'Statement': [
-        {'Effect': 'Allow', 'Principal': '*', 'Action': ['s3:GetObject', 's3:HeadObject'], 'Resource': f'arn:aws:s3:::{bucket}/*'},
-        {'Effect': 'Allow', 'Principal': '*', 'Action': 's3:ListBucket', 'Resource': f'arn:aws:s3:::{bucket}'}]}))
+    client.put_bucket_policy(
+        Bucket=bucket,
+        Policy=json.dumps(
+            {
+                'Version': '2012-10-17',
+                'Statement': [
+                    {'Effect': 'Allow', 'Principal': '*', 'Action': ['s3:GetObject', 's3:HeadObject'],
+                     'Resource': f'arn:aws:s3:::{bucket}/*'},
+                    {'Effect': 'Allow', 'Principal': '*', 'Action': 's3:ListBucket',
+                     'Resource': f'arn:aws:s3:::{bucket}'},
+                ],
+            }
+        ),
+    )
 
 
 class CuttingProxy:
@@ -56,7 +69,8 @@ class CuttingProxy:
                         if cut:
                             dst.sendall(data[:self.cut_after - sent])
                             break
-                    dst.sendall(data); sent += len(data)
+                    dst.sendall(data)
+                    sent += len(data)
             except OSError: pass
             for s in (src, dst):
                 with contextlib.suppress(OSError): s.shutdown(socket.SHUT_RDWR)

@@ -1,8 +1,8 @@
 """The stage notebooks as a person uses them: JupyterLab started here, driven in Debian's Chromium through Selenium
-(chromedriver from Debian too; nothing downloaded). It opens a copy of `nbs/04_train.ipynb`, sets a short gpt3_tiny run
-in the parameters cell by typing, runs all cells from the Run menu, and checks what the person sees: the progress bar
-display advancing, the curves as an image, and no widget or kernel error; then it opens the saved notebook again and finds
-the progress's last state there (no "model not found"). Screenshots go to runs/browser/ for the CI log."""
+(chromedriver from Debian too; nothing downloaded). It opens a copy of `nbs/04_train.ipynb`, sets a short gpt3_tiny
+run in the parameters cell by typing, runs all cells from the Run menu, and checks what the person sees: the progress
+bar display advancing, the curves as an image, and no widget or kernel error; then it opens the saved notebook again
+and finds the progress's last state there (no "model not found"). Screenshots go to runs/browser/ for the CI log."""
 import contextlib, os, re, secrets, shutil, subprocess, sys, time, urllib.request
 from pathlib import Path
 import pytest
@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / 'runs' / 'browser'
 pytestmark = pytest.mark.timeout(300)
 webdriver = pytest.importorskip('selenium.webdriver')
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.common.action_chains import ActionChains
@@ -18,7 +19,8 @@ from selenium.webdriver.common.action_chains import ActionChains
 
 def why_no_browser() -> str:
     for tool in ('chromium', 'chromedriver'):
-        if not shutil.which(tool): return f'{tool} is not installed (tools/test.sh installs chromium and chromium-driver with apt-get)'
+        if not shutil.which(tool):
+            return f'{tool} is not installed (tools/test.sh installs chromium and chromium-driver with apt-get)'
     try: import jupyterlab  # noqa: F401
     except ImportError: return "JupyterLab is not installed (pip install -e '.[notebooks]')"
     return ''
@@ -30,18 +32,26 @@ def serve_lab(folder: Path, env: dict):
     from nxpretrain.lab import free_port, lab_argv
     port, token = free_port(18990), secrets.token_hex(16)
     log = open(folder / 'lab.log', 'w')
-    srv = subprocess.Popen(lab_argv(port, token, folder), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    srv = subprocess.Popen(lab_argv(port, token, folder), env=env, stdout=log, stderr=subprocess.STDOUT,
+                           start_new_session=True)
     try:
         for _ in range(240):
-            try: urllib.request.urlopen(f'http://127.0.0.1:{port}/api/status?token={token}', timeout=2); break
+            try:
+                urllib.request.urlopen(f'http://127.0.0.1:{port}/api/status?token={token}', timeout=2)
+                break
             except Exception: time.sleep(0.5)
         else: pytest.fail('JupyterLab did not answer in 120 s: ' + (folder / 'lab.log').read_text()[-2000:])
         yield f'http://127.0.0.1:{port}', token
     finally:                                     # the server's own shutdown ends its kernels too
-        try: urllib.request.urlopen(urllib.request.Request(f'http://127.0.0.1:{port}/api/shutdown?token={token}', method='POST'), timeout=10)
+        try:
+            urllib.request.urlopen(
+                urllib.request.Request(f'http://127.0.0.1:{port}/api/shutdown?token={token}', method='POST'), timeout=10
+            )
         except Exception: pass
         try: srv.wait(20)
-        except subprocess.TimeoutExpired: os.killpg(srv.pid, 9); srv.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(srv.pid, 9)
+            srv.wait(10)
 
 
 @pytest.fixture
@@ -58,7 +68,8 @@ def lab(tmp_path):
 @pytest.fixture
 def browser():
     o = webdriver.ChromeOptions()
-    for a in ('--headless=new', '--no-sandbox', '--disable-dev-shm-usage', '--disable-gpu', '--window-size=1400,1000'): o.add_argument(a)
+    for a in ('--headless=new', '--no-sandbox', '--disable-dev-shm-usage', '--disable-gpu', '--window-size=1400,1000'):
+        o.add_argument(a)
     o.binary_location = shutil.which('chromium')
     d = webdriver.Chrome(options=o, service=webdriver.ChromeService(executable_path=shutil.which('chromedriver')))
     try: yield d
@@ -81,17 +92,21 @@ def shot(d, name: str):
 
 def click_menu(d, menu: str, item: str):
     d.find_element(By.XPATH, f"//li[contains(@class,'lm-MenuBar-item')][.//div[text()='{menu}']]").click()
-    wait_for(lambda: d.find_elements(By.XPATH, f"//li[contains(@class,'lm-Menu-item')][.//div[text()='{item}']]"), 10)[0].click()
+    entry = f"//li[contains(@class,'lm-Menu-item')][.//div[text()='{item}']]"
+    wait_for(lambda: d.find_elements(By.XPATH, entry), 10)[0].click()
 
 
 PROGRESS = '.jp-OutputArea .nxp-progress'
 
 
 def progress_text(d) -> str:
-    "The trainer's progress line beside its bar (e.g. 'step 7/12 | loss 8.1 | … | ETA 0:05'), or ''."
-    shown = d.find_elements(By.CSS_SELECTOR, PROGRESS)
-    if not shown or not shown[0].find_elements(By.TAG_NAME, 'progress'): return ''
-    return shown[0].text
+    """The trainer's progress line beside its bar (e.g. 'step 7/12 | loss 8.1 | … | ETA 0:05'), or ''. The display is
+    redrawn in place: an element read while it is being replaced is gone, and counts as not shown yet."""
+    try:
+        shown = d.find_elements(By.CSS_SELECTOR, PROGRESS)
+        if not shown or not shown[0].find_elements(By.TAG_NAME, 'progress'): return ''
+        return shown[0].text
+    except StaleElementReferenceException: return ''
 
 
 def kernel_status(d) -> str:
@@ -101,7 +116,9 @@ def kernel_status(d) -> str:
 def open_notebook(d, url: str, token: str, name: str):
     "Open notebook `name` in JupyterLab and wait for its cells and an idle kernel (the news prompt dismissed)."
     d.get(f'{url}/lab/tree/{name}?token={token}')
-    assert wait_for(lambda: d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .cm-content'), 60), f'{name} did not open'
+    assert wait_for(lambda: d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .cm-content'), 60), (
+        f'{name} did not open'
+    )
     assert wait_for(lambda: 'Idle' in kernel_status(d), 90), f'the kernel did not start: {kernel_status(d)}'
     for b in d.find_elements(By.XPATH, "//button[.//*[text()='No'] or text()='No']"):   # the news prompt
         if b.is_displayed(): b.click()
@@ -119,7 +136,11 @@ def add_parameters(d, *lines: str):
 def all_cells_ran(d) -> bool:
     "The kernel is idle and every cell has run (Run All leaves the last cell active and in view)."
     prompts = [e.text for e in d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
-    return 'Idle' in kernel_status(d) and not any('*' in p for p in prompts) and bool(re.fullmatch(r'\[\d+\]:', prompts[-1]))
+    return (
+        'Idle' in kernel_status(d)
+        and not any('*' in p for p in prompts)
+        and bool(re.fullmatch(r'\[\d+\]:', prompts[-1]))
+    )
 
 
 def test_04_train_in_jupyterlab(lab, browser):
@@ -134,7 +155,11 @@ def test_04_train_in_jupyterlab(lab, browser):
     first = wait_for(lambda: re.search(r'(\d+)/12', progress_text(d)), 150, 0.25)
     if not first: shot(d, '04_train-no-progress.png')
     assert first, 'no progress bar appeared'
-    later = wait_for(lambda: (m := re.search(r'(\d+)/12', progress_text(d))) and int(m.group(1)) > int(first.group(1)) and m, 120, 0.25)
+    later = wait_for(
+        lambda: (m := re.search(r'(\d+)/12', progress_text(d))) and int(m.group(1)) > int(first.group(1)) and m,
+        120,
+        0.25,
+    )
     assert later, f'the progress bar stayed at {first.group(0)}'
     d.execute_script('arguments[0].scrollIntoView({block: "center"})', d.find_elements(By.CSS_SELECTOR, PROGRESS)[0])
     shot(d, '04_train-progress.png')
@@ -152,11 +177,15 @@ def test_04_train_in_jupyterlab(lab, browser):
     assert (folder / 'runs/gpt3_tiny/checkpoints/step_12').is_dir()
     # saved and opened again (a new page, the kernel's widget state gone): the progress's last state is in the notebook
     ActionChains(d).key_down(Keys.CONTROL).send_keys('s').key_up(Keys.CONTROL).perform()
-    assert wait_for(lambda: re.search(r'step 12/12', (folder / '04_train.ipynb').read_text()), 30), 'the notebook was not saved'
+    assert wait_for(lambda: re.search(r'step 12/12', (folder / '04_train.ipynb').read_text()), 30), (
+        'the notebook was not saved'
+    )
     d.get('about:blank')
     d.get(f'{url}/lab/tree/04_train.ipynb?token={token}')
     again = wait_for(lambda: re.search(r'step 12/12 \| loss [\d.]+', progress_text(d)) and progress_text(d), 60)
-    d.execute_script('arguments[0].scrollIntoView({block: "center"})', d.find_elements(By.CSS_SELECTOR, PROGRESS)[0]) if again else None
+    d.execute_script(
+        'arguments[0].scrollIntoView({block: "center"})', d.find_elements(By.CSS_SELECTOR, PROGRESS)[0]
+    ) if again else None
     shot(d, '04_train-reopened.png')
     assert again, 'the reopened notebook does not show the last progress state'
     page = d.find_element(By.TAG_NAME, 'body').text

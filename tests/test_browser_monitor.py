@@ -1,6 +1,7 @@
-"""05_monitor as a person uses it in JupyterLab (Debian's Chromium through Selenium, as in test_browser.py): a real training
-job runs on this machine; the notebook's parameters name it; Run All returns – the kernel is idle – while the job's status
-table keeps redrawing in the background with new steps; cancelled, the view ends on the job's final state."""
+"""05_monitor as a person uses it in JupyterLab (Debian's Chromium through Selenium, as in test_browser.py): a real
+training job runs on this machine; the notebook's parameters name it; Run All returns – the kernel is idle – while
+the job's status table keeps redrawing in the background with new steps; cancelled, the view ends on the job's final
+state."""
 import os, re, shutil, time
 import pytest
 from test_browser import (ROOT, browser, click_menu, shot, wait_for, why_no_browser,  # noqa: F401 (browser: a fixture)
@@ -9,13 +10,14 @@ from selenium.webdriver.common.by import By
 
 pytestmark = pytest.mark.timeout(420)
 STEPS = ['data.corpus=synthetic', 'model.n_layers=1', 'model.hidden=32', 'model.n_heads=2', 'model.seq_len=16',
-         'data.micro_batch=2', 'data.global_batch=2', 'trainer.threads=1', 'trainer.log_every=1', 'trainer.eval_every=0',
-         'trainer.save_every=0', 'trainer.save_every_minutes=0', 'trainer.max_steps=100000']
+         'data.micro_batch=2', 'data.global_batch=2', 'trainer.threads=1', 'trainer.log_every=1',
+         'trainer.eval_every=0', 'trainer.save_every=0', 'trainer.save_every_minutes=0', 'trainer.max_steps=100000']
 
 
 @pytest.fixture
 def lab_and_job(tmp_path):
-    "JupyterLab serving a copy of 05_monitor, and a long training job of this machine both it and the test see; (url, token, job id, out_dir)."
+    """JupyterLab serving a copy of 05_monitor, and a long training job of this machine both it and the test see; (url,
+    token, job id, out_dir)."""
     if why := why_no_browser(): pytest.skip(why)
     from nxpretrain.launch.job import make_job
     from nxpretrain.launch.local import LocalLauncher
@@ -49,7 +51,8 @@ def status_row(d) -> str:
 
 def shot_table(d, name: str):
     "A screenshot with the job's status table in view."
-    if rows := d.find_elements(By.XPATH, ROW): d.execute_script('arguments[0].scrollIntoView({block: "start"})', rows[0])
+    if rows := d.find_elements(By.XPATH, ROW):
+        d.execute_script('arguments[0].scrollIntoView({block: "start"})', rows[0])
     shot(d, name)
 
 
@@ -59,7 +62,9 @@ def test_05_monitor_redraws_a_running_job_while_the_kernel_is_idle(lab_and_job, 
     open_notebook(d, url, token, '05_monitor.ipynb')
     add_parameters(d, f"job = '{jid}'", f"out_dir = '{out_dir}'")
     click_menu(d, 'Run', 'Run All Cells')
-    assert wait_for(lambda: all_cells_ran(d) and (time.sleep(1) or all_cells_ran(d)), 180), 'not every cell of 05_monitor ran'
+    assert wait_for(lambda: all_cells_ran(d) and (time.sleep(1) or all_cells_ran(d)), 180), (
+        'not every cell of 05_monitor ran'
+    )
     step = lambda: (m := re.search(r'RUNNING.*?\b(\d+)/100000', status_row(d))) and int(m.group(1))
     first = wait_for(step, 30, 0.25)
     assert first, f'no running status row: {status_row(d)!r}'

@@ -86,8 +86,8 @@ def test_gate_catches_a_stale_readme(clean_repo):
 
 
 def test_unknown_step_is_refused(clean_repo):
-    r = gate(clean_repo, 'lint')
-    assert r.returncode == 2 and "unknown step 'lint'" in r.stdout
+    r = gate(clean_repo, 'deploy')
+    assert r.returncode == 2 and "unknown step 'deploy'" in r.stdout
 
 
 def test_pytest_exit_5_is_not_a_failure(clean_repo):
@@ -106,7 +106,9 @@ def setup_commands(readme: str) -> list[str]:
 def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_second():
     readme = (ROOT / 'README.md').read_text()
     demo, test = setup_commands(readme)
-    assert demo.startswith('python3 -m pip install torch==2.13.0 -e ".[notebooks]"') and demo.endswith('nxpretrain demo')
+    assert demo.startswith('python3 -m pip install torch==2.13.0 -e ".[notebooks]"') and demo.endswith(
+        'nxpretrain demo'
+    )
     assert test == 'bash tools/test.sh'
     run = (ROOT / '.ci' / 'run').read_text()
     assert [l for l in run.splitlines() if l and not l.startswith(('#', 'set ', 'cd '))] == [f'exec {test}']
@@ -116,7 +118,8 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_second():
 
 def test_ci_run_exits_non_zero_when_the_gate_fails(tmp_path):
     "`.ci/run` passes the gate's failure through: here test.sh is replaced by one that fails."
-    (tmp_path / '.ci').mkdir(); (tmp_path / 'tools').mkdir()
+    (tmp_path / '.ci').mkdir()
+    (tmp_path / 'tools').mkdir()
     shutil.copy2(ROOT / '.ci' / 'run', tmp_path / '.ci' / 'run')
     (tmp_path / 'tools' / 'test.sh').write_text('echo gate failing; exit 3\n')
     r = sh(['bash', '.ci/run'], tmp_path, check=False)

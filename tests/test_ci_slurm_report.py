@@ -11,7 +11,8 @@ NAME, PORT = 'nxpsetup', 6950   # its own cluster name and ports: other Slurm te
 def why_not() -> str:
     if not (TOOLS / 'start_cluster.sh').exists(): return f'{TOOLS}/start_cluster.sh not present'
     if os.geteuid() != 0: return 'starting Slurm daemons needs root'
-    if not (shutil.which('slurmctld') or Path('/usr/sbin/slurmctld').exists()): return 'Slurm not installed (tools/slurm/install.sh)'
+    if not (shutil.which('slurmctld') or Path('/usr/sbin/slurmctld').exists()):
+        return 'Slurm not installed (tools/slurm/install.sh)'
     return ''
 
 
@@ -28,10 +29,10 @@ def slurm_conf():
 
 @pytest.mark.skipif(bool(why_not()), reason=f'no local Slurm: {why_not()}')
 def test_report_sees_the_slurm_nodes(slurm_conf):
-    code = ("from nxpretrain.machine import machine_report, recipe_gaps, readiness\nfrom nxpretrain.recipes import CATALOG\n"
-            "r = machine_report()\nprint(r.slurm.version, len(r.slurm.node_names), sorted(r.slurm.partitions), r.slurm.error)\n"
-            "print('\\n'.join(recipe_gaps(CATALOG['gpt3_23b'], r, '/nowhere')))\n"
-            "print('\\n'.join(recipe_gaps(CATALOG['gpt3_64m'], r, '/nowhere')))\nprint(r)")
+    code = ("from nxpretrain.machine import machine_report, recipe_gaps, readiness\nfrom nxpretrain.recipes import "
+            "CATALOG\nr = machine_report()\nprint(r.slurm.version, len(r.slurm.node_names), "
+            "sorted(r.slurm.partitions), r.slurm.error)\nprint('\\n'.join(recipe_gaps(CATALOG['gpt3_23b'], r, "
+            "'/nowhere')))\nprint('\\n'.join(recipe_gaps(CATALOG['gpt3_64m'], r, '/nowhere')))\nprint(r)")
     env = {**os.environ, 'SLURM_CONF': slurm_conf, 'PYTHONPATH': str(ROOT)}
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -66,7 +66,9 @@ def placed(where: str, head: list, overrides: list, options: list) -> list:
 
 @pytest.mark.parametrize('where', OPTION_PLACES)
 def test_show_options_anywhere(where, workdir):
-    d = json.loads(ok(*placed(where, ['show', 'gpt3_tiny'], ['optim.lr=1e-3', 'cluster.profile=cpu', 'parallel.tp=2'], ['--json'])))
+    d = json.loads(
+        ok(*placed(where, ['show', 'gpt3_tiny'], ['optim.lr=1e-3', 'cluster.profile=cpu', 'parallel.tp=2'], ['--json']))
+    )
     assert (d['optim']['lr'], d['parallel']['tp']) == (1e-3, 2)
 
 
@@ -85,19 +87,22 @@ def test_train_options_anywhere(where, workdir):
     assert 'stop: dry run, nothing submitted' in out
     script = (workdir / 'out/jobs/gpt3_tiny/train.sbatch').read_text()
     recipe = (workdir / 'out/jobs/gpt3_tiny/recipe.yaml').read_text()
-    assert '#SBATCH --nodes=2' in script and "on 2 × ci (2 devices, gloo)" in script   # ci: the profile of the test Slurm
+    # ci: the profile of the test Slurm
+    assert '#SBATCH --nodes=2' in script and "on 2 × ci (2 devices, gloo)" in script
     assert 'lr: 0.001' in recipe and 'global_batch: 16' in recipe
 
 
 @pytest.mark.parametrize('where', OPTION_PLACES)
 def test_compile_options_anywhere(where, workdir):
-    argv = placed(where, ['compile', 'gpt3_23b'], ['optim.lr=1e-4', 'trainer.max_steps=1000'], ['--cluster', 'trn1', '--out', 'c'])
+    argv = placed(where, ['compile', 'gpt3_23b'], ['optim.lr=1e-4', 'trainer.max_steps=1000'],
+                  ['--cluster', 'trn1', '--out', 'c'])
     out = ok(*argv)
     assert 'nxdt-compile' in out and (workdir / 'c/compile.sbatch').exists()
     assert any('lr: 0.0001' in f.read_text() for f in (workdir / 'c').rglob('*.yaml'))
 
 
-@pytest.mark.parametrize('argv', [['evaluate', '--json', 'CKPT', '--steps', '1'], ['evaluate', 'CKPT', '--json', '--steps', '1'],
+@pytest.mark.parametrize('argv', [['evaluate', '--json', 'CKPT', '--steps', '1'],
+                                  ['evaluate', 'CKPT', '--json', '--steps', '1'],
                                   ['evaluate', '--steps', '1', 'CKPT', '--json']])
 def test_evaluate_options_anywhere(argv, checkpoint):
     d = json.loads(ok(*[str(checkpoint) if a == 'CKPT' else a for a in argv]))
@@ -110,7 +115,11 @@ def checkpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp('ckpt')
     old = os.getcwd()
     os.chdir(root)
-    try: ok(*placed('between', ['train', 'gpt3_tiny'], ['optim.lr=2e-3', 'trainer.log_every=1'], ['--max-steps', '2', '--out', 'out']))
+    try:
+        ok(
+            *placed('between', ['train', 'gpt3_tiny'], ['optim.lr=2e-3', 'trainer.log_every=1'],
+                    ['--max-steps', '2', '--out', 'out'])
+        )
     finally: os.chdir(old)
     return root / 'out/gpt3_tiny/checkpoints/step_2'
 
@@ -136,14 +145,16 @@ def test_unknown_field_names_the_nearest(argv, key, near, workdir):
 def test_seed_names_load_the_renamed_recipes_with_a_note(workdir):
     rc, out, err = run('show', '--json', 'gpt3_857m')
     assert rc == 0 and json.loads(out)['name'] == 'gpt3_356m'
-    assert err == "note: gpt3_857m is the seed's name for gpt3_356m (its numbers make 356M parameters); using gpt3_356m\n"
+    assert err == ("note: gpt3_857m is the seed's name for gpt3_356m (its numbers make 356M parameters); using "
+                   "gpt3_356m\n")
     sizes = {d['name']: d['parameters'] for d in json.loads(ok('recipes', '--json'))}
     assert round(sizes['gpt3_64m'] / 1e6) == 64 and round(sizes['gpt3_356m'] / 1e6) == 356
     assert 'gpt3_375m' not in sizes and 'gpt3_857m' not in sizes
 
 
-SLURM_COMMANDS = [['train', 'gpt3_tiny', '--cluster', 'nosuch'], ['train', '--cluster', 'nosuch', 'gpt3_tiny', 'optim.lr=1e-3'],
-                  ['tail', '12'], ['watch', '12'], ['cancel', '12'], ['cancel', '12', '--signal', 'USR1']]
+SLURM_COMMANDS = [['train', 'gpt3_tiny', '--cluster', 'nosuch'],
+                  ['train', '--cluster', 'nosuch', 'gpt3_tiny', 'optim.lr=1e-3'], ['tail', '12'], ['watch', '12'],
+                  ['cancel', '12'], ['cancel', '12', '--signal', 'USR1']]
 
 @pytest.mark.parametrize('argv', SLURM_COMMANDS)
 def test_no_slurm_configuration_is_one_line_of_ours(argv, workdir, no_slurm):
@@ -174,31 +185,41 @@ def test_no_slurm_conf_at_all_is_one_line_of_ours(workdir, monkeypatch):
     "The issue's case: Slurm's client installed, no configuration anywhere (sbatch would say 'Could not establish…')."
     monkeypatch.delenv('SLURM_CONF', raising=False)
     line = one_line_error('train', 'gpt3_tiny', '--cluster', 'nosuch')
-    assert line.startswith('nxpretrain train: no Slurm configuration here: SLURM_CONF is not set, /etc/slurm/slurm.conf'), line
+    assert line.startswith('nxpretrain train: no Slurm configuration here: SLURM_CONF is not set, '
+                           '/etc/slurm/slurm.conf'), line
     assert line.endswith("set SLURM_CONF to the cluster's slurm.conf"), line
 
 
 # ---- every subcommand, given bad input ------------------------------------------------------------------------
 
-BAD_INPUT = {   # subcommand: [(argv, words the one line must hold)]
+BAD_INPUT = {  # subcommand: [(argv, words the one line must hold)]
     'recipes': [(['recipes', '--bogus'], 'unrecognized arguments: --bogus; see nxpretrain recipes --help')],
     'show': [(['show', 'nosuch'], "model 'nosuch': no such recipe; choose one of gpt3_tiny")],
     'plan': [(['plan', 'gpt3_tiny', '--world', 'many'], "argument --world: invalid int value: 'many'")],
-    'train': [(['train', 'nosuch.yaml'], 'nosuch.yaml'), (['train', 'gpt3_tiny', 'optim.lrr=1'], 'did you mean optim.lr?')],
+    'train': [
+        (['train', 'nosuch.yaml'], 'nosuch.yaml'),
+        (['train', 'gpt3_tiny', 'optim.lrr=1'], 'did you mean optim.lr?'),
+    ],
     'setup': [(['setup', '--recipe', 'nosuch'], "model 'nosuch': no such recipe")],
-    'data': [(['data', 'nosuch.jsonl'], "corpus 'nosuch.jsonl': not in the catalog"),
-             (['data', 'demo', '--workers', 'x'], "argument --workers: invalid int value: 'x'; see nxpretrain data --help")],
+    'data': [
+        (['data', 'nosuch.jsonl'], "corpus 'nosuch.jsonl': not in the catalog"),
+        (['data', 'demo', '--workers', 'x'], "argument --workers: invalid int value: 'x'; see nxpretrain data --help"),
+    ],
     'compile': [(['compile', 'nosuch'], "model 'nosuch': no such recipe")],
     'jobs': [(['jobs', '--bogus'], 'unrecognized arguments: --bogus')],
-    'tail': [(['tail', 'abc'], 'job abc: no job of that id was submitted from here'),
-             (['tail', '12', '-n', 'x'], "argument -n: invalid int value: 'x'")],
+    'tail': [
+        (['tail', 'abc'], 'job abc: no job of that id was submitted from here'),
+        (['tail', '12', '-n', 'x'], "argument -n: invalid int value: 'x'"),
+    ],
     'watch': [(['watch', '12'], 'job 12: no job of that id was submitted from here')],
     'cancel': [(['cancel', 'x1'], 'job x1: no job of that id was submitted from here')],
     'evaluate': [(['evaluate', 'runs/nosuch'], 'runs/nosuch: no such checkpoint folder')],
     'export-hf': [(['export-hf', 'runs/nosuch', 'hf'], 'runs/nosuch: no such checkpoint folder')],
     'import-hf': [(['import-hf', 'nosuch', 'out'], 'nosuch: no config.json; give a Hugging Face model folder')],
-    'demo': [(['demo', '--model', 'nosuch'], "model 'nosuch': no such recipe"),
-             (['demo', '--name', '../up'], "run name '../up': use letters")],
+    'demo': [
+        (['demo', '--model', 'nosuch'], "model 'nosuch': no such recipe"),
+        (['demo', '--name', '../up'], "run name '../up': use letters"),
+    ],
     'runs': [(['runs', '--bogus'], 'unrecognized arguments: --bogus')],
     'lab': [(['lab', '--dir', 'nosuch'], 'nosuch: no such folder; give --dir')],
 }
@@ -214,9 +235,11 @@ def test_bad_input_covers_every_subcommand():
     assert set(BAD_INPUT) == set(subcommands()), set(subcommands()) ^ set(BAD_INPUT)
 
 
-@pytest.mark.parametrize('argv,words', [c for cases in BAD_INPUT.values() for c in cases], ids=lambda v: ' '.join(v) if isinstance(v, list) else None)
+@pytest.mark.parametrize('argv,words', [c for cases in BAD_INPUT.values() for c in cases],
+                         ids=lambda v: ' '.join(v) if isinstance(v, list) else None)
 def test_bad_input_is_one_line_naming_the_fix(argv, words, workdir, no_slurm):
-    "Exit status 2, one stderr line that starts with the command and holds what was wrong; no traceback, nothing written."
+    """Exit status 2, one stderr line that starts with the command and holds what was wrong; no traceback, nothing
+    written."""
     rc, out, err = run(*argv)
     assert 'Traceback' not in err + out, err
     line = one_line_error(*argv)
@@ -231,7 +254,9 @@ def test_every_option_has_help_and_data_names_itself():
         for act in p._actions:
             assert act.help or isinstance(act, argparse._HelpAction), (name, act.dest)
     text = ok('data', '--help')
-    assert text.startswith('usage: nxpretrain data') and re.search(r'--workers WORKERS\s+tokenizer processes', text), text
+    assert text.startswith('usage: nxpretrain data') and re.search(r'--workers WORKERS\s+tokenizer processes', text), (
+        text
+    )
 
 
 # ---- what people read ----------------------------------------------------------------------------------------
@@ -260,7 +285,9 @@ def test_json_of_every_listing_and_report(workdir, checkpoint):
     assert setup['machine']['host']['cpus'] >= 1
     one = json.loads(ok('setup', '--json', '--recipe', 'gpt3_23b'))
     assert [r['recipe'] for r in one['recipes']] == ['gpt3_23b'] and one['recipes'][0]['missing']
-    ev = json.loads(ok('evaluate', str(checkpoint), '--json', '--steps', '1', '--prompt', 'def ', '--max-new-tokens', '4'))
+    ev = json.loads(
+        ok('evaluate', str(checkpoint), '--json', '--steps', '1', '--prompt', 'def ', '--max-new-tokens', '4')
+    )
     assert ev['checkpoint'] == str(checkpoint) and ev['sample'].startswith('def') and ev['tokens'] == 8 * 128
 
 
@@ -270,7 +297,8 @@ def test_the_installed_command(workdir):
     p = subprocess.run([exe, 'recipes', '--json'], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and json.loads(p.stdout)[0]['name'] == 'gpt3_tiny'
     p = subprocess.run([exe, 'plan', 'gpt3_tiny', 'optim.lrr=1'], capture_output=True, text=True, timeout=60)
-    assert (p.returncode, p.stderr) == (2, "nxpretrain plan: override optim.lrr=1: no such field optim.lrr; did you mean optim.lr?\n")
+    assert (p.returncode, p.stderr) == (2, "nxpretrain plan: override optim.lrr=1: no such field optim.lrr; did you "
+                                           "mean optim.lr?\n")
 
 
 # ---- every documented example --------------------------------------------------------------------------------
@@ -305,13 +333,15 @@ ORDER = ['--help', 'recipes', 'show', 'plan', 'setup', 'data', 'train', 'evaluat
 
 
 def cheap(words: list[str], job_id: str) -> list[str]:
-    "The cheap form of an example: 2 training steps (step_2 checkpoints), 1 validation batch, a 1 s watch, a real job id."
+    """The cheap form of an example: 2 training steps (step_2 checkpoints), 1 validation batch, a 1 s watch, a real job
+    id."""
     w = [job_id if x == 'JOB_ID' else re.sub(r'(checkpoints/step_)\d+', r'\g<1>2', x) for x in words]
     for opt, value in (('--max-steps', '2'), ('--timeout', '1'), ('--steps', '1')):
         if opt in w: w[w.index(opt) + 1] = value
     if w[0] in ('train', 'demo') and '--max-steps' not in w and '--dry-run' not in w: w += ['--max-steps', '2']
     if w[0] == 'lab' and '--no-start' not in w: w += ['--no-start']               # the server itself: tests/test_lab.py
-    if 'parallel.tp=2' in w and w[0] == 'train': w[w.index('--max-steps') + 1] = '1'   # two processes: one step shows it
+    if 'parallel.tp=2' in w and w[0] == 'train':
+        w[w.index('--max-steps') + 1] = '1'   # two processes: one step shows it
     if w[0] == 'evaluate' and '--steps' not in w: w += ['--steps', '1', '--max-new-tokens', '8']
     return w
 
@@ -326,45 +356,58 @@ def run_with_s3(argv: list[str], monkeypatch):
         monkeypatch.setenv('AWS_ENDPOINT_URL', endpoint)
         s3.s3_client().create_bucket(Bucket=url[len('s3://'):].split('/')[0])
         ok(*argv, '--out', 'runs/s3')
-        assert any(key.endswith('COMPLETE') for key, _, _ in s3.list_objects(url + '/')), 'no complete checkpoint arrived'
+        assert any(key.endswith('COMPLETE') for key, _, _ in s3.list_objects(url + '/')), (
+            'no complete checkpoint arrived'
+        )
 
 
 def needs_slurm(w: list[str]) -> bool:
-    return w[0] in ('jobs', 'tail', 'watch', 'cancel') or (w[0] == 'train' and '--cluster' in w and '--dry-run' not in w)
+    return w[0] in ('jobs', 'tail', 'watch', 'cancel') or (
+        w[0] == 'train' and '--cluster' in w and '--dry-run' not in w
+    )
 
 
 @contextlib.contextmanager
 def local_slurm():
     "A real Slurm controller with two nodes' worth of queue and no slurmd (jobs stay queued), or None."
-    if why_no_slurm(install=False): yield None; return
+    if why_no_slurm(install=False):
+        yield None
+        return
     with open('/tmp/nxp-slurm.lock', 'w') as lock:
         t0 = time.time()
         while True:
-            try: fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB); break
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
             except BlockingIOError:
                 if time.time() - t0 > 60:                   # other Slurm tests hold it: the no-Slurm form, said so
                     print('the Slurm test lock stayed taken for 60 s: Slurm examples run in their no-Slurm form')
-                    yield None; return
+                    yield None
+                    return
                 time.sleep(1)
         with LocalSlurm.shaped_like('local', 2, name='cli', port=6960) as c: yield c
 
 
 def test_every_documented_example_runs(workdir, monkeypatch):
-    examples = dict.fromkeys(tuple(shlex.split(e, comments=True)[1:] or ['--help']) for e in help_examples() + readme_examples())
+    examples = dict.fromkeys(
+        tuple(shlex.split(e, comments=True)[1:] or ['--help']) for e in help_examples() + readme_examples()
+    )
     words = sorted(map(list, examples), key=lambda w: ORDER.index(w[0]))
     (workdir / 'docs.jsonl').write_text('{"text": "def f(x):\\n    return x + 1"}\n{"text": "the quick brown fox"}\n')
     here, slurm_ones = [w for w in words if not needs_slurm(w)], [w for w in words if needs_slurm(w)]
     for w in here:
         t0 = time.time()
         argv = cheap(w, '')
-        if w[0] == 'demo':                                      # papermill runs the stage notebook in a kernel of its own
+        if w[0] == 'demo':                                    # papermill runs the stage notebook in a kernel of its own
             code = f"from nxpretrain.cli import main; main({argv!r})"
             p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
             assert p.returncode == 0, (argv, p.stdout[-2000:], p.stderr[-2000:])
         elif any(a.startswith('trainer.upload_to=s3://') for a in argv): run_with_s3(argv, monkeypatch)
         else: ok(*argv)
         print(f"{time.time() - t0:6.1f} s  {shlex.join(argv)}")
-    assert (workdir / 'runs/gpt3_tiny/checkpoints/step_2').is_dir() and (workdir / 'runs/hf/gpt3_tiny/config.json').exists()
+    assert (workdir / 'runs/gpt3_tiny/checkpoints/step_2').is_dir() and (
+        workdir / 'runs/hf/gpt3_tiny/config.json'
+    ).exists()
     assert (workdir / 'runs/gpt3_tiny_from_hf').is_dir() and list(workdir.glob('runs/gpt3_tiny-*/train.ipynb'))
     # A real controller, its nodes without slurmd: sbatch --test-only answers, submitted jobs queue and none runs.
     job_id = ''
@@ -379,9 +422,11 @@ def test_every_documented_example_runs(workdir, monkeypatch):
                 assert one_line_error(*argv).startswith(f"nxpretrain {w[0]}: "), argv
                 continue
             if w[0] == 'train' and '--test-only' not in w:   # nodes without slurmd: drain them so the job stays queued
-                subprocess.run(['scontrol', 'update', 'NodeName=node[1-2]', 'State=DRAIN', 'Reason=queued-only'], check=True)
-            if w[0] == 'cancel' and '--signal' in w:             # a queued job takes no signal: our line, not scancel's retries
-                assert one_line_error(*argv) == f"nxpretrain cancel: job {job_id} is still queued: only a running job takes a signal; cancel it without --signal"
+                subprocess.run(['scontrol', 'update', 'NodeName=node[1-2]', 'State=DRAIN', 'Reason=queued-only'],
+                               check=True)
+            if w[0] == 'cancel' and '--signal' in w:     # a queued job takes no signal: our line, not scancel's retries
+                assert one_line_error(*argv) == (f"nxpretrain cancel: job {job_id} is still queued: only a running "
+                                                 "job takes a signal; cancel it without --signal")
                 continue
             out = ok(*argv)
             if m := re.search(r'submitted as slurm job (\d+)', out, re.I): job_id = m.group(1)

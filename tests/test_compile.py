@@ -86,9 +86,9 @@ def test_compile_stage_fills_the_cache_the_training_run_reads(tmp_path):
 
 @pytest.mark.parametrize('compile', [False, True], ids=['eager', 'compiled'])
 def test_dropout_is_reproducible_and_resumes_exactly(cache, tmp_path, compile):
-    """With dropout, a run stopped and resumed draws the masks the uninterrupted run drew (a step's log line measures the
-    matmul peak once per process: with a generator of its own). Compiled blocks draw inductor's own masks, not eager's,
-    the same run to run."""
+    """With dropout, a run stopped and resumed draws the masks the uninterrupted run drew (a step's log line measures
+    the matmul peak once per process: with a generator of its own). Compiled blocks draw inductor's own masks, not
+    eager's, the same run to run."""
     r = override(R, f'trainer.compile_cache={cache}', 'model.dropout=0.1', f'trainer.compile={compile}')
     full = run(r, tmp_path / 'full')
     if compile: assert run(r, tmp_path / 'again')['losses'] == full['losses']

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def blob(tmp_path):
     b = os.urandom(1_000_000)
-    (tmp_path / 'srv').mkdir(); (tmp_path / 'srv' / 'f.bin').write_bytes(b)
+    (tmp_path / 'srv').mkdir()
+    (tmp_path / 'srv' / 'f.bin').write_bytes(b)
     return b
 
 
@@ -35,7 +36,8 @@ def test_resume_after_dropped_connection(tmp_path, blob, honour_range):
 
 
 def test_resume_across_runs_from_part_file(tmp_path, blob):
-    (tmp_path / 'out').mkdir(); (tmp_path / 'out' / 'f.bin.part').write_bytes(blob[:123_456])   # an earlier run died
+    (tmp_path / 'out').mkdir()
+    (tmp_path / 'out' / 'f.bin.part').write_bytes(blob[:123_456])  # an earlier run died
     srv, base = serve_directory(tmp_path / 'srv')
     try: p = fetch_file(base + 'f.bin', tmp_path / 'out' / 'f.bin', hashlib.sha256(blob).hexdigest(), progress=False)
     finally: srv.shutdown()
@@ -59,25 +61,30 @@ def test_server_gone_names_url_and_part_file(tmp_path):
 
 
 def _zst(path, texts, meta=None):
-    lines = [json.dumps({'text': t, **({'meta': {'redpajama_set_name': meta[i % len(meta)]}} if meta else {})}) for i, t in enumerate(texts)]
+    lines = [json.dumps({'text': t, **({'meta': {'redpajama_set_name': meta[i % len(meta)]}} if meta else {})}) for i,
+             t in enumerate(texts)]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_bytes(zstandard.ZstdCompressor().compress(('\n'.join(lines) + '\n').encode()))
 
 
 @pytest.fixture(scope='module')
 def cache(tmp_path_factory):
-    d = tmp_path_factory.mktemp('tok'); get_tokenizer('demo', d); return d
+    d = tmp_path_factory.mktemp('tok')
+    get_tokenizer('demo', d)
+    return d
 
 
 def _link_cache(cache, out):
     (out / 'demo').mkdir(parents=True, exist_ok=True)
-    if not (out / 'demo' / 'tokenizer.json').exists(): os.symlink(cache / 'demo' / 'tokenizer.json', out / 'demo' / 'tokenizer.json')
+    if not (out / 'demo' / 'tokenizer.json').exists():
+        os.symlink(cache / 'demo' / 'tokenizer.json', out / 'demo' / 'tokenizer.json')
 
 
 def test_pile_recipe_on_served_fixture_equals_direct_tokenization(tmp_path, cache):
     docs = demo_documents()[:600]
     for i, f in enumerate(CORPORA['pile'].files): _zst(tmp_path / 'srv' / f, docs[i * 20:(i + 1) * 20])
-    out = tmp_path / 'data'; _link_cache(cache, out)
+    out = tmp_path / 'data'
+    _link_cache(cache, out)
     srv, base = serve_directory(tmp_path / 'srv')
     try: prefix, = prepare('pile', 'demo', str(out), workers=2, base_url=base, progress=False)
     finally: srv.shutdown()
@@ -95,14 +102,18 @@ def test_slimpajama_recipe_extract_filter_chunks(tmp_path, cache):
     sets = ['RedPajamaC4', 'RedPajamaGithub', 'RedPajamaBook']
     files = [f'chunk1/example_train_{i}.jsonl.zst' for i in range(6)]
     for i, f in enumerate(files): _zst(tmp_path / 'srv' / f, docs[i * 40:(i + 1) * 40], sets)
-    recipe = CorpusRecipe(**{**asdict(CORPORA['slimpajama']), 'files': files, 'chunks': 3, 'sets': ('RedPajamaC4', 'RedPajamaBook')})
-    out = tmp_path / 'data'; _link_cache(cache, out)
+    recipe = CorpusRecipe(
+        **{**asdict(CORPORA['slimpajama']), 'files': files, 'chunks': 3, 'sets': ('RedPajamaC4', 'RedPajamaBook')}
+    )
+    out = tmp_path / 'data'
+    _link_cache(cache, out)
     srv, base = serve_directory(tmp_path / 'srv')
     recipe.base_url = base
     try: prefixes = prepare(recipe, 'demo', str(out), workers=1, merge=False, progress=False)
     finally: srv.shutdown()
     assert len(prefixes) == 3
-    kept = [d for i, f in enumerate(files) for j, d in enumerate(docs[i * 40:(i + 1) * 40]) if sets[j % 3] != 'RedPajamaGithub']
+    kept = [d for i, f in enumerate(files) for j,
+            d in enumerate(docs[i * 40 : (i + 1) * 40]) if sets[j % 3] != 'RedPajamaGithub']
     assert sum(IndexedDataset(p).num_documents for p in prefixes) == len(kept)
     assert (out / 'slimpajama' / 'raw' / 'chunk1' / 'example_train_0.jsonl').exists()   # extracted
     # a second run does nothing: every unit is in the manifest
@@ -112,7 +123,8 @@ def test_slimpajama_recipe_extract_filter_chunks(tmp_path, cache):
 
 
 def test_wikipedia_prepared_pair_download(tmp_path, cache):
-    out = tmp_path / 'data'; _link_cache(cache, out)
+    out = tmp_path / 'data'
+    _link_cache(cache, out)
     src = prepare('demo', 'demo', str(out))[0]
     (tmp_path / 'srv').mkdir()
     for s in ('.bin', '.idx'): os.symlink(src + s, tmp_path / 'srv' / f'my-gpt2_text_document{s}')
@@ -124,17 +136,27 @@ def test_wikipedia_prepared_pair_download(tmp_path, cache):
 
 
 def test_slurm_array_worker_processes(tmp_path, cache):
-    """Three array tasks (2 steps each) split the Pile recipe's units; ensure_dataset merges. Same bytes as one process."""
+    """Three array tasks (2 steps each) split the Pile recipe's units; ensure_dataset merges. Same bytes as one
+    process."""
     docs = demo_documents()[:300]
     for i, f in enumerate(CORPORA['pile'].files): _zst(tmp_path / 'srv' / f, docs[i * 10:(i + 1) * 10])
-    out = tmp_path / 'data'; _link_cache(cache, out)
+    out = tmp_path / 'data'
+    _link_cache(cache, out)
     srv, base = serve_directory(tmp_path / 'srv')
     try:
-        env = {**os.environ, 'PYTHONPATH': str(ROOT), 'SLURM_ARRAY_TASK_COUNT': '3', 'SLURM_ARRAY_TASK_MIN': '0', 'SLURM_STEP_NUM_TASKS': '2'}
-        procs = [subprocess.Popen([sys.executable, '-m', 'nxpretrain.data.prepare', 'pile', '--tokenizer', 'demo', '--output', str(out),
-                                   '--workers', '1', '--base-url', base, '--no-progress'],
-                                  env={**env, 'SLURM_ARRAY_TASK_ID': str(t), 'RANK': str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                 for t in range(3) for r in range(2)]
+        env = {**os.environ, 'PYTHONPATH': str(ROOT), 'SLURM_ARRAY_TASK_COUNT': '3', 'SLURM_ARRAY_TASK_MIN': '0',
+               'SLURM_STEP_NUM_TASKS': '2'}
+        procs = [
+            subprocess.Popen(
+                [sys.executable, '-m', 'nxpretrain.data.prepare', 'pile', '--tokenizer', 'demo', '--output', str(out),
+                 '--workers', '1', '--base-url', base, '--no-progress'],
+                env={**env, 'SLURM_ARRAY_TASK_ID': str(t), 'RANK': str(r)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for t in range(3)
+            for r in range(2)
+        ]
         outs = [p.communicate(timeout=300) for p in procs]
         assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
     finally: srv.shutdown()
@@ -148,7 +170,8 @@ def test_slurm_array_worker_processes(tmp_path, cache):
 
 
 def test_wikicorpus_llama3_recipe_to_blocks(tmp_path, cache):
-    """Seed 4: wikicorpus JSONL (served here instead of HF datasets) + a Llama-3-style tokenizer.json → 8192-token-style blocks."""
+    """Seed 4: wikicorpus JSONL (served here instead of HF datasets) + a Llama-3-style tokenizer.json → 8192-token-style
+    blocks."""
     from tokenizers import processors
     from nxpretrain.data.blocks import BlockDataset
     docs = demo_documents()[:500]
@@ -157,7 +180,9 @@ def test_wikicorpus_llama3_recipe_to_blocks(tmp_path, cache):
     t = train_bpe(docs, 2000, eod='<|end_of_text|>')            # Llama 3's EOD name, and a BOS post-processor
     (tmp_path / 'data' / 'llama3').mkdir(parents=True)
     t.tok.add_special_tokens(['<|begin_of_text|>'])
-    t.tok.post_processor = processors.TemplateProcessing(single='<|begin_of_text|> $A', special_tokens=[('<|begin_of_text|>', t.tok.token_to_id('<|begin_of_text|>'))])
+    t.tok.post_processor = processors.TemplateProcessing(
+        single='<|begin_of_text|> $A', special_tokens=[('<|begin_of_text|>', t.tok.token_to_id('<|begin_of_text|>'))]
+    )
     t.tok.save(str(tmp_path / 'data' / 'llama3' / 'tokenizer.json'))
     srv, base = serve_directory(tmp_path / 'srv')
     try: prefix, = prepare('wikicorpus-llama3', None, str(tmp_path / 'data'), workers=2, base_url=base, progress=False)

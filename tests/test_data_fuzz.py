@@ -34,18 +34,23 @@ def toks(tmp_path_factory):
 
 
 # ---- generated text -------------------------------------------------------------------------------------------------
-HOSTILE = ['\x00', '\x01', '\x1f', '\x7f', '\x85', '\u2028', '\u2029', '\r\n', '\r', '\n', '\t', '\x0b', ' ', '  ', '\xa0',
-           '\u3000', '中文没有空格', '日本語', '한국어', '\U0001F600', '\U0001F468\u200D\U0001F469', 'שלום', 'مرحبا', 'e\u0301',
-           '\u0301', '\ufeff', '\u200b', '\ufffd', '\uffff', '\U0010FFFF', '<|endoftext|>', '[SEP]', '[CLS]', "'s", "n't",
-           'a1b2', '+/==', '\\', '"', '\ud800', '\udfff', '\ud83d', 'İ', 'ß', 'ǅ', 'x' * 50, '1' * 20, 'word']
+HOSTILE = ['\x00', '\x01', '\x1f', '\x7f', '\x85', '\u2028', '\u2029', '\r\n', '\r', '\n', '\t', '\x0b', ' ', '  ',
+           '\xa0', '\u3000', '中文没有空格', '日本語', '한국어', '\U0001f600', '\U0001f468\u200d\U0001f469',
+           'שלום', 'مرحبا', 'e\u0301', '\u0301', '\ufeff', '\u200b', '\ufffd', '\uffff', '\U0010ffff',
+           '<|endoftext|>',
+           '[SEP]', '[CLS]', "'s", "n't", 'a1b2', '+/==', '\\', '"', '\ud800', '\udfff', '\ud83d',
+           'İ', 'ß', 'ǅ', 'x' * 50, '1' * 20, 'word']
 any_char = st.characters(exclude_categories=())          # every code point, surrogates included
 piece = st.one_of(st.text(any_char, max_size=30), st.sampled_from(HOSTILE))
 small_text = st.lists(piece, max_size=10).map(''.join)
 # past 2**20 characters, where a document is encoded in pieces: random text repeated, or a script with few cut points
 big_text = st.one_of(
-    st.tuples(small_text.filter(lambda t: t.strip()), st.integers(1_050_000, 1_400_000))
-      .map(lambda a: (a[0] * (a[1] // len(a[0]) + 1))[:a[1]]),
-    st.builds(big_document, st.sampled_from(['cjk', 'base64', 'repeated', 'newlines']), st.integers(1_100_000, 3_500_000)))
+    st.tuples(small_text.filter(lambda t: t.strip()), st.integers(1_050_000, 1_400_000)).map(
+        lambda a: (a[0] * (a[1] // len(a[0]) + 1))[: a[1]]
+    ),
+    st.builds(big_document, st.sampled_from(['cjk', 'base64', 'repeated', 'newlines']),
+              st.integers(1_100_000, 3_500_000)),
+)
 # a big document in about one valid line of 150 in the slow set (each costs seconds), none in the fast set
 text = st.integers(0, 149).flatmap(lambda k: big_text if k == 0 else small_text) if SLOW else small_text
 
@@ -77,7 +82,8 @@ corpus = st.tuples(st.lists(line, max_size=12), st.booleans())   # lines; does t
 
 # ---- the oracle -----------------------------------------------------------------------------------------------------
 def classify(raw: bytes):
-    "('blank', None) | ('bad', None) | ('doc', text), by the definition: UTF-8 JSON object with a string text that is text."
+    """('blank', None) | ('bad', None) | ('doc', text), by the definition: UTF-8 JSON object with a string text that is
+    text."""
     if not raw.strip(): return 'blank', None
     try: obj = json.loads(raw.decode('utf-8'))
     except ValueError: return 'bad', None
@@ -104,7 +110,8 @@ def check_corpus(lines: list, ends_with_newline: bool, spec: str, workers: int =
         if raws[-1] == b'': raws.pop()    # a file's lines: an empty last one without its newline is no line
         offsets, pos = [], 0
         for raw in raws:
-            offsets.append(pos); pos += len(raw) + 1
+            offsets.append(pos)
+            pos += len(raw) + 1
         kinds = [classify(raw) for raw in raws]
         texts = [t for k, t in kinds if k == 'doc']
         bad_at = [o for o, (k, _) in zip(offsets, kinds) if k == 'bad']
@@ -115,7 +122,9 @@ def check_corpus(lines: list, ends_with_newline: bool, spec: str, workers: int =
             assert not list((d / 'strict').rglob('*.idx'))
         want = [ids + [eod] if ids else [] for ids in map(ref, texts)]
         if not any(want):   # nothing to train on: one clear error, no dataset
-            with pytest.raises(DataError, match=rf'c\.jsonl: no document has tokens \({len(texts)} documents, {len(bad_at)} bad lines'):
+            with pytest.raises(
+                DataError, match=rf'c\.jsonl: no document has tokens \({len(texts)} documents, {len(bad_at)} bad lines'
+            ):
                 prepare(str(src), spec, str(d / 'out'), workers=workers, progress=False)
             assert not list((d / 'out').rglob('*.idx')) and not list((d / 'out').rglob('*.bin'))
             return
@@ -132,7 +141,8 @@ def check_corpus(lines: list, ends_with_newline: bool, spec: str, workers: int =
         report = Path(rec['bad_report']).read_text().splitlines() if rec['bad_report'] else []
         assert [int(r.split(':byte ')[1].split(':')[0]) for r in report] == bad_at
         assert all(r.startswith(f'{src}:byte ') for r in report)
-        assert (rec['documents'], rec['bad'], rec['blank']) == (len(texts), len(bad_at), sum(k == 'blank' for k, _ in kinds))
+        assert (rec['documents'], rec['bad'], rec['blank']) == (len(texts), len(bad_at),
+                                                                sum(k == 'blank' for k, _ in kinds))
         assert rec['documents'] + rec['bad'] + rec['blank'] == len(raws)
         assert rec['tokens'] == sum(map(len, want)) and rec['empty'] == texts.count('')
         # a second run writes nothing new
@@ -156,8 +166,13 @@ def test_prepare_properties_two_workers(toks, tokenizer, c):
     check_corpus(*c, toks[tokenizer], workers=2)
 
 
-ENCODABLE = st.lists(st.one_of(st.text(st.characters(exclude_categories=['Cs']), max_size=30),   # what parse_line lets through
-                               st.sampled_from([h for h in HOSTILE if not 0xD800 <= ord(h[0]) <= 0xDFFF])), max_size=40).map(''.join)
+ENCODABLE = st.lists(
+    st.one_of(
+        st.text(st.characters(exclude_categories=['Cs']), max_size=30),  # what parse_line lets through
+        st.sampled_from([h for h in HOSTILE if not 0xD800 <= ord(h[0]) <= 0xDFFF]),
+    ),
+    max_size=40,
+).map(''.join)
 
 
 @pytest.mark.parametrize('tokenizer', ['gpt2', 'wordpiece'])

@@ -40,7 +40,8 @@ def assert_equal_whole(prefix: str, texts: list, spec: str):
         if not np.array_equal(got, w):
             n = min(len(got), len(w))
             first = int(np.flatnonzero(got[:n] != w[:n])[0]) if (got[:n] != w[:n]).any() else n
-            raise AssertionError(f'sequence {k}: {len(got)} tokens, the reference {len(w)}; first difference at token {first}')
+            raise AssertionError(f'sequence {k}: {len(got)} tokens, the reference {len(w)}; first difference at token '
+                                 f'{first}')
 
 
 def _cli(*args, cwd):
@@ -54,8 +55,8 @@ def test_surrogate_line_is_a_bad_line_via_the_cli(tmp_path, toks):
     """The issue's corpus: the middle line has a lone surrogate. The CLI skips and reports it, writes the others."""
     src = tmp_path / 'c.jsonl'
     src.write_bytes(b'{"text": "good one"}\n{"text": "bad \\ud800 surrogate"}\n{"text": "good two"}\n')
-    r = _cli(src, '--tokenizer', Path(toks['gpt2'][5:]).parent / 'tok.json', '--output', 'out', '--workers', '1', '--no-progress',
-             cwd=tmp_path)
+    r = _cli(src, '--tokenizer', Path(toks['gpt2'][5:]).parent / 'tok.json', '--output', 'out', '--workers', '1',
+             '--no-progress', cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert f'{src}:byte 21: "text" is not encodable text: lone surrogate U+D800 at character 4' in r.stderr
     prefix = str(tmp_path / r.stdout.strip())   # relative to the output directory given
@@ -69,12 +70,12 @@ def test_surrogate_line_is_a_bad_line_via_the_cli(tmp_path, toks):
 def test_surrogate_line_strict_is_one_line_error(tmp_path, toks):
     src = tmp_path / 'c.jsonl'
     src.write_bytes(b'{"text": "good one"}\n{"text": "bad \\ud800 surrogate"}\n{"text": "good two"}\n')
-    r = _cli(src, '--tokenizer', Path(toks['gpt2'][5:]).parent / 'tok.json', '--output', 'out', '--workers', '2', '--strict',
-             '--no-progress', cwd=tmp_path)
+    r = _cli(src, '--tokenizer', Path(toks['gpt2'][5:]).parent / 'tok.json', '--output', 'out', '--workers', '2',
+             '--strict', '--no-progress', cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        f'nxpretrain data: {src}:byte 21: "text" is not encodable text: lone surrogate U+D800 at character 4 (an unpaired \\u escape) '
-        '(strict mode; fix the line or run without strict to skip bad lines)']
+        f'nxpretrain data: {src}:byte 21: "text" is not encodable text: lone surrogate U+D800 at character 4 (an '
+        'unpaired \\u escape) (strict mode; fix the line or run without strict to skip bad lines)']
     assert not list((tmp_path / 'out').rglob('*.idx'))
 
 

@@ -1,4 +1,5 @@
-"""megatron-core 0.16.1 as the oracle: it reads our .bin/.idx, we read its files, and our GPT indices equal its arrays."""
+"""megatron-core 0.16.1 as the oracle: it reads our .bin/.idx, we read its files, and our GPT indices equal its
+arrays."""
 import os
 import numpy as np
 import pytest
@@ -11,7 +12,10 @@ from nxpretrain.data.gpt_dataset import build_gpt_datasets, build_blending_indic
 
 def random_docs(n, seed=0, vmax=60000, empty_every=7):
     rs = np.random.RandomState(seed)
-    return [np.array([], np.int64) if i % empty_every == 3 else rs.randint(0, vmax, size=rs.randint(1, 300)) for i in range(n)]
+    return [
+        np.array([], np.int64) if i % empty_every == 3 else rs.randint(0, vmax, size=rs.randint(1, 300))
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize('dtype', [np.uint16, np.int32])
@@ -66,7 +70,8 @@ def test_over_4gib_sparse(tmp_path):
     lengths = np.full(4, 550_000_000, np.int32)
     write_idx(tmp_path / 'big.idx', lengths, np.arange(5), np.int32)
     with open(tmp_path / 'big.bin', 'wb') as f:
-        f.seek(int(lengths.sum()) * 4 - 4); f.write(np.int32(77).tobytes())
+        f.seek(int(lengths.sum()) * 4 - 4)
+        f.write(np.int32(77).tobytes())
     ours, m = IndexedDataset(tmp_path / 'big'), MIndexed(str(tmp_path / 'big'))
     assert int(ours.pointers[-1]) == 3 * 550_000_000 * 4 > 2**32
     assert ours.get(3, 549_999_999, 1).tolist() == [77] == m.get(3, offset=549_999_999, length=1).tolist()
@@ -79,8 +84,9 @@ def _megatron_gpt(prefix, seq_len, split, seed, sizes, cache):
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.tokenizers import MegatronTokenizer
     tok = MegatronTokenizer.from_pretrained(metadata_path={'library': 'null'}, vocab_size=65000)
-    cfg = GPTDatasetConfig(random_seed=seed, sequence_length=seq_len, blend=([str(prefix)], None), split=split, tokenizer=tok,
-                           path_to_cache=str(cache), reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
+    cfg = GPTDatasetConfig(random_seed=seed, sequence_length=seq_len, blend=([str(prefix)], None), split=split,
+                           tokenizer=tok, path_to_cache=str(cache), reset_position_ids=False,
+                           reset_attention_mask=False, eod_mask_loss=False)
     return BlendedMegatronDatasetBuilder(GPTDataset, list(sizes), lambda: True, cfg).build()
 
 
@@ -118,7 +124,8 @@ def test_blending_equals_megatron(weights, size):
     di, dsi = np.zeros(size, np.int16), np.zeros(size, np.int64)
     helpers.build_blending_indices(di, dsi, w, len(w), size, False)
     ours = build_blending_indices(weights, size)
-    np.testing.assert_array_equal(ours[0], di); np.testing.assert_array_equal(ours[1], dsi)
+    np.testing.assert_array_equal(ours[0], di)
+    np.testing.assert_array_equal(ours[1], dsi)
 
 
 def test_blended_gpt_datasets_equal_megatron(tmp_path):
@@ -137,9 +144,9 @@ def test_blended_gpt_datasets_equal_megatron(tmp_path):
         dist.init_process_group('gloo', init_method=f'file://{tmp_path}/pg', rank=0, world_size=1)
     try:
         tok = MegatronTokenizer.from_pretrained(metadata_path={'library': 'null'}, vocab_size=65000)
-        cfg = GPTDatasetConfig(random_seed=99, sequence_length=32, blend=(prefixes, [0.5, 0.3, 0.2]), split='90,7,3', tokenizer=tok,
-                               path_to_cache=str(tmp_path / 'mcache'), reset_position_ids=False, reset_attention_mask=False,
-                               eod_mask_loss=False)
+        cfg = GPTDatasetConfig(random_seed=99, sequence_length=32, blend=(prefixes, [0.5, 0.3, 0.2]), split='90,7,3',
+                               tokenizer=tok, path_to_cache=str(tmp_path / 'mcache'), reset_position_ids=False,
+                               reset_attention_mask=False, eod_mask_loss=False)
         meg = BlendedMegatronDatasetBuilder(GPTDataset, list(sizes), lambda: True, cfg).build()
     finally: dist.destroy_process_group()
     ours = build_blended_gpt_datasets(blend, 32, '90,7,3', 99, sizes, cache=False)
@@ -148,6 +155,7 @@ def test_blended_gpt_datasets_equal_megatron(tmp_path):
         np.testing.assert_array_equal(m.dataset_index, o.dataset_index)
         np.testing.assert_array_equal(m.dataset_sample_index, o.dataset_sample_index)
         for md, od in zip(m.datasets, o.datasets):
-            np.testing.assert_array_equal(md.shuffle_index, od.shuffle_index); np.testing.assert_array_equal(md.sample_index, od.sample_index)
+            np.testing.assert_array_equal(md.shuffle_index, od.shuffle_index)
+            np.testing.assert_array_equal(md.sample_index, od.sample_index)
         for k in (0, 1, len(o) // 2, len(o) - 1):
             assert m[k]['tokens'].tolist() == o[k]['tokens'].tolist()

@@ -15,7 +15,8 @@ from nxpretrain.data.blocks import BertHDF5Dataset, HDF5_KEYS
 
 SLOW = bool(os.environ.get('NXP_SLOW'))
 CASES = int(os.environ.get('NXP_FUZZ_CASES', 350 if SLOW else 40))
-fuzz = settings(max_examples=CASES, deadline=None, database=None, derandomize=not SLOW, suppress_health_check=list(HealthCheck))
+fuzz = settings(max_examples=CASES, deadline=None, database=None, derandomize=not SLOW,
+                suppress_health_check=list(HealthCheck))
 
 docs = st.lists(st.lists(st.integers(0, 65535), max_size=40), min_size=1, max_size=12).filter(lambda d: any(d))
 mutation = st.one_of(
@@ -69,7 +70,8 @@ def _shard(path, n, seq_len, rs):
     samples = []
     for k in range(n):
         ids = torch.from_numpy(rs.randint(5, 900, seq_len))
-        labels = torch.full((seq_len,), -100); labels[rs.choice(np.arange(1, seq_len), 3, replace=False)] = 7
+        labels = torch.full((seq_len,), -100)
+        labels[rs.choice(np.arange(1, seq_len), 3, replace=False)] = 7
         samples.append({'input_ids': ids, 'attention_mask': torch.ones(seq_len, dtype=torch.int64),
                         'token_type_ids': torch.from_numpy((np.arange(seq_len) > seq_len // 2).astype(np.int64)),
                         'labels': labels, 'next_sentence_label': torch.tensor(k % 2)})
@@ -92,4 +94,4 @@ def test_bert_hdf5_mutations(n, seq_len, m, seed):
         except DataError as e:
             assert str(e).startswith(str(path)) and '\n' not in str(e), e
             return
-        assert got == want, f'{m}: wrong samples without an error'   # a flip in bytes nobody reads (free space, padding)
+        assert got == want, f'{m}: wrong samples without an error'  # a flip in bytes nobody reads (free space, padding)

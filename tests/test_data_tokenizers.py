@@ -28,7 +28,8 @@ def test_tokenizer_json_llama3_style_equal_transformers(tmp_path):
     t = train_bpe(DOCS, 2000, eod='<|end_of_text|>')
     t.tok.add_special_tokens(['<|begin_of_text|>'])
     bos = t.tok.token_to_id('<|begin_of_text|>')
-    t.tok.post_processor = processors.TemplateProcessing(single='<|begin_of_text|> $A', special_tokens=[('<|begin_of_text|>', bos)])
+    t.tok.post_processor = processors.TemplateProcessing(single='<|begin_of_text|> $A',
+                                                         special_tokens=[('<|begin_of_text|>', bos)])
     t.tok.save(str(tmp_path / 'tokenizer.json'))
     ours = get_tokenizer(str(tmp_path / 'tokenizer.json'))
     ref = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / 'tokenizer.json'))

@@ -26,12 +26,12 @@ def test_gpt3_175b_gpu_first_and_last_rank_hold_their_shards_only():
     assert world_size(r) == 128 and V % tp == 0 and V >= r.model.vocab_size
     block = {'attention.wq.weight': (H // tp, H), 'attention.wq.bias': (H // tp,), 'attention.wk.weight': (H // tp, H),
              'attention.wv.weight': (H // tp, H), 'attention.wo.weight': (H, H // tp), 'attention.wo.bias': (H,),
-             'mlp.w1.weight': (F // tp, H), 'mlp.w1.bias': (F // tp,), 'mlp.w2.weight': (H, F // tp), 'mlp.w2.bias': (H,),
-             'attention_norm.weight': (H,), 'ffn_norm.bias': (H,)}
+             'mlp.w1.weight': (F // tp, H), 'mlp.w1.bias': (F // tp,), 'mlp.w2.weight': (H, F // tp),
+             'mlp.w2.bias': (H,), 'attention_norm.weight': (H,), 'ffn_norm.bias': (H,)}
     first, last = local_shapes(r, 0), local_shapes(r, 127)
     assert first['tok_embeddings.weight'] == (V // tp, H) and first['pos_embeddings.weight'] == (r.model.positions, H)
     assert last['output.weight'] == (V // tp, H) and last['norm.weight'] == (H,)
-    assert {n.split('.')[1] for n in first if n.startswith('layers.')} == {str(i) for i in range(6)}      # 96 / 16 stages
+    assert {n.split('.')[1] for n in first if n.startswith('layers.')} == {str(i) for i in range(6)}    # 96 / 16 stages
     assert {n.split('.')[1] for n in last if n.startswith('layers.')} == {str(i) for i in range(90, 96)}
     for shapes, layers in ((first, range(6)), (last, range(90, 96))):
         for i in layers:
@@ -49,5 +49,7 @@ def test_gpt3_175b_gpu_first_and_last_rank_hold_their_shards_only():
 def test_llama3_70b_layouts_build_per_rank(name):
     "512 NeuronCores: every rank's share is about 1/TP·PP of the model, and the first and last stage differ as cut."
     r = get_recipe(name)
-    total = sum(math.prod(s) for s in local_shapes(r, 0).values()) + sum(math.prod(s) for s in local_shapes(r, world_size(r) - 1).values())
+    total = sum(math.prod(s) for s in local_shapes(r, 0).values()) + sum(
+        math.prod(s) for s in local_shapes(r, world_size(r) - 1).values()
+    )
     assert 0.5 * 70.5e9 / (r.parallel.tp * r.parallel.pp) < total / 2 < 2.0 * 70.5e9 / (r.parallel.tp * r.parallel.pp)

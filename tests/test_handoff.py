@@ -19,9 +19,11 @@ def ok(*argv) -> str:
 def checkpoint(tmp_path_factory):
     "gpt3_tiny after 4 steps, validated (2 batches) and saved at step 4."
     root = tmp_path_factory.mktemp('handoff')
-    old = os.getcwd(); os.chdir(root)
-    try: ok('train', 'gpt3_tiny', '--max-steps', '4', 'trainer.eval_every=4', 'trainer.eval_steps=2', 'trainer.save_every=4',
-            '--out', 'out')
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        ok('train', 'gpt3_tiny', '--max-steps', '4', 'trainer.eval_every=4', 'trainer.eval_steps=2',
+           'trainer.save_every=4', '--out', 'out')
     finally: os.chdir(old)
     return root / 'out/gpt3_tiny/checkpoints/step_4'
 
@@ -46,15 +48,18 @@ def test_export_generates_the_same_greedy_tokens_through_transformers(checkpoint
     ours = json.loads(ok('evaluate', str(checkpoint), '--json', '--steps', '1', '--greedy', '--prompt', prompt,
                          '--max-new-tokens', str(n)))
     out = tmp_path / 'hf'
-    old = os.getcwd(); os.chdir(checkpoint.parents[3])                 # the demo tokenizer's cache: runs/data there
+    old = os.getcwd()
+    os.chdir(checkpoint.parents[3])  # the demo tokenizer's cache: runs/data there
     try: ok('export-hf', str(checkpoint), str(out))
     finally: os.chdir(old)
-    assert {'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'generation_config.json'} <= {p.name for p in out.iterdir()}
+    assert {'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'generation_config.json'} <= {
+        p.name for p in out.iterdir()
+    }
     tok = T.AutoTokenizer.from_pretrained(out)
     model = T.AutoModelForCausalLM.from_pretrained(out).eval()
     ids = tok(prompt, return_tensors='pt')['input_ids']
     with torch.no_grad(): got = model.generate(ids, max_new_tokens=n, do_sample=False)[0].tolist()
     want = ours['sample_tokens']
-    assert len(got) > ids.shape[1] and got == want[:len(got)], (got, want)       # generate stops early only at <|endoftext|>
+    assert len(got) > ids.shape[1] and got == want[:len(got)], (got, want)  # generate stops early only at <|endoftext|>
     assert len(got) == len(want) or got[-1] == tok.eos_token_id
     assert tok.decode(got) == ours['sample'][:len(tok.decode(got))]

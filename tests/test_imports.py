@@ -44,13 +44,19 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     "The strongly connected components of more than one module (Tarjan)."
     index, low, stack, on, out = {}, {}, [], set(), []
     def visit(v):
-        index[v] = low[v] = len(index); stack.append(v); on.add(v)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
         for w in sorted(g[v]):
-            if w not in index: visit(w); low[v] = min(low[v], low[w])
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
             elif w in on: low[v] = min(low[v], index[w])
         if low[v] == index[v]:
             comp = []
-            while not comp or comp[-1] != v: comp.append(stack.pop()); on.discard(comp[-1])
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+                on.discard(comp[-1])
             if len(comp) > 1: out.append(sorted(comp))
     for v in sorted(g):
         if v not in index: visit(v)
@@ -83,12 +89,10 @@ def test_no_private_names_across_modules():
 
 def test_every_module_imports_first():
     "Each module imported first in a fresh package state: an import that only works after another module fails here."
-    code = ("import sys, importlib, traceback\n"
-            f"names = {sorted(MODULES)!r}\nbad = []\n"
-            "for n in names:\n"
-            "    for m in [m for m in sys.modules if m == 'nxpretrain' or m.startswith('nxpretrain.')]: del sys.modules[m]\n"
-            "    try: importlib.import_module(n)\n"
-            "    except Exception: bad.append(n + ': ' + traceback.format_exc(limit=-1).strip().splitlines()[-1])\n"
-            "print('\\n'.join(bad)); sys.exit(1 if bad else 0)\n")
+    code = (f"import sys, importlib, traceback\nnames = {sorted(MODULES)!r}\nbad = []\nfor n in names:\n    for m in "
+            "[m for m in sys.modules if m == 'nxpretrain' or m.startswith('nxpretrain.')]: del sys.modules[m]\n    "
+            "try: importlib.import_module(n)\n    except Exception: bad.append(n + ': ' + "
+            "traceback.format_exc(limit=-1).strip().splitlines()[-1])\nprint('\\n'.join(bad)); sys.exit(1 if bad "
+            "else 0)\n")
     p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=600, cwd=PKG.parent)
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]

@@ -20,18 +20,20 @@ def test_every_catalog_job_is_valid_bash(name, tmp_path):
     if len(jobs) > 1: assert subprocess.run(['bash', '-n', jobs[-1].argv[0]]).returncode == 0
 
 
-EVIL = ["$(touch {p})", "`touch {p}`", "'; touch {p}; '", '"; touch {p}; "', "x\ntouch {p}", "a && touch {p} || b", "| touch {p}",
-        "$HOME * ? ~ {{a,b}} \\ %x"]
+EVIL = ["$(touch {p})", "`touch {p}`", "'; touch {p}; '", '"; touch {p}; "', "x\ntouch {p}", "a && touch {p} || b",
+        "| touch {p}", "$HOME * ? ~ {{a,b}} \\ %x"]
 
 
 def test_local_mode_passes_values_as_text(tmp_path):
     pwned = tmp_path / 'pwned'
     # a recipe name becomes a folder and a job name: metacharacters there are refused before anything is written
-    with pytest.raises(RecipeError, match="name="): make_job('gpt3_tiny', 'local', tmp_path / 'bad', overrides=[f"name={EVIL[0].format(p=pwned)}"])
+    with pytest.raises(RecipeError, match="name="):
+        make_job('gpt3_tiny', 'local', tmp_path / 'bad', overrides=[f"name={EVIL[0].format(p=pwned)}"])
     assert not (tmp_path / 'bad').exists()
     overrides = [f"source={EVIL[0].format(p=pwned)}"] + [f"notes={e.format(p=pwned)}" for e in EVIL[1:]]
     dump = tmp_path / 'dump.py'
-    dump.write_text("import sys, json, os, pathlib\npathlib.Path(os.environ['DUMP']).write_text(json.dumps(sys.argv[1:]))\n")
+    dump.write_text("import sys, json, os, "
+                    "pathlib\npathlib.Path(os.environ['DUMP']).write_text(json.dumps(sys.argv[1:]))\n")
     job = make_job('gpt3_tiny', 'local', tmp_path / 'job', overrides=overrides, entry=str(dump))
     res = run_local(job, echo=False, env={'DUMP': str(tmp_path / 'argv.json')}, timeout=120)
     assert res.exit_code == 0, Path(res.log).read_text()

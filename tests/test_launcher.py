@@ -5,20 +5,21 @@ from pathlib import Path
 import pytest
 from nxpretrain.clusters import PROFILES, ClusterProfile
 from nxpretrain.launch.job import make_job, quote_argv, write_job
-from nxpretrain.launch.launcher import (JobState, JobStatus, Launcher, LAUNCHERS, find_records, record_job, register, status,
-                                        tail, get_launcher)
+from nxpretrain.launch.launcher import (JobState, JobStatus, Launcher, LAUNCHERS, find_records, record_job, register,
+                                        status, tail, get_launcher)
 from nxpretrain.launch.local import LocalLauncher
 
 TINY = ['data.corpus=synthetic', 'model.n_layers=1', 'model.hidden=32', 'model.n_heads=2', 'model.seq_len=16',
-        'data.micro_batch=2', 'data.global_batch=4', 'trainer.max_steps=3', 'optim.warmup_steps=1', 'trainer.log_every=1', 'trainer.eval_every=0',
-        'trainer.save_every=0', 'trainer.save_every_minutes=0']
+        'data.micro_batch=2', 'data.global_batch=4', 'trainer.max_steps=3', 'optim.warmup_steps=1',
+        'trainer.log_every=1', 'trainer.eval_every=0', 'trainer.save_every=0', 'trainer.save_every_minutes=0']
 
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     "A job index of the test's own."
     monkeypatch.setenv('NXPRETRAIN_HOME', str(tmp_path / 'home'))
-    monkeypatch.setenv('PYTHONPATH', str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    monkeypatch.setenv('PYTHONPATH',
+                       str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get('PYTHONPATH', ''))
     return tmp_path / 'home'
 
 
@@ -54,7 +55,8 @@ class RecordingLauncher(Launcher):
     @property
     def cluster(self) -> str: return 'dummy-cluster'
 
-    def render(self, job) -> str: return f"# dummy job {job.name}\nargs: {quote_argv(job.argv)}\nreplicas: {job.nodes}\n"
+    def render(self, job) -> str:
+        return f"# dummy job {job.name}\nargs: {quote_argv(job.argv)}\nreplicas: {job.nodes}\n"
 
     def submit(self, job, after=()) -> str:
         job_id = f"d{len(self.submitted) + 1}"
@@ -65,7 +67,8 @@ class RecordingLauncher(Launcher):
 
     def status(self, job_id) -> JobStatus:
         state = JobState.RUNNING if job_id in self.submitted else JobState.UNKNOWN
-        return JobStatus(job_id, state, self.scheduler, self.cluster, name=self.submitted[job_id].name if job_id in self.submitted else '')
+        return JobStatus(job_id, state, self.scheduler, self.cluster,
+                         name=self.submitted[job_id].name if job_id in self.submitted else '')
 
     def cancel(self, job_id, signal=None): self.cancelled.append((job_id, signal))
 
@@ -80,7 +83,8 @@ def dummy(home, monkeypatch):
     monkeypatch.setitem(LAUNCHERS, 'dummy', LAUNCHERS.get('dummy'))
     register(RecordingLauncher)
     monkeypatch.setitem(PROFILES, 'dummy-cpu', ClusterProfile('dummy-cpu', 'gloo', 1, 8, 0.4, 2, 24, scheduler='dummy'))
-    RecordingLauncher.submitted.clear(); RecordingLauncher.cancelled.clear()
+    RecordingLauncher.submitted.clear()
+    RecordingLauncher.cancelled.clear()
     yield RecordingLauncher
     LAUNCHERS.pop('dummy', None)
 
@@ -89,19 +93,30 @@ def test_a_scheduler_defined_here_is_used_by_stages_and_cli(dummy, tmp_path):
     from nxpretrain.stages import train_stage
     from nxpretrain.cli import main
     assert isinstance(get_launcher('dummy'), RecordingLauncher)
-    with contextlib.redirect_stdout(io.StringIO()) as out: jid = train_stage('gpt3_tiny', 'dummy-cpu', TINY, out_dir=str(tmp_path / 'runs'))
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        jid = train_stage('gpt3_tiny', 'dummy-cpu', TINY, out_dir=str(tmp_path / 'runs'))
     assert jid == 'd1' and 'submitted as dummy job d1' in out.getvalue(), out.getvalue()[-1500:]
     job = dummy.submitted['d1']
     said = out.getvalue()   # the summary first (id, log, the exact 05_monitor call with out_dir), the script after it
-    assert f"-p out_dir {job.out_dir} -p job d1" in said and said.index('submitted as dummy job d1') < said.index('# dummy job nxp-train')
-    assert job.scheduler == 'dummy' and job.script_path.suffix == '.yaml' and job.script_path.read_text().startswith('# dummy job nxp-train-gpt3_tiny')
+    assert f"-p out_dir {job.out_dir} -p job d1" in said and said.index('submitted as dummy job d1') < said.index(
+        '# dummy job nxp-train'
+    )
+    assert (
+        job.scheduler == 'dummy'
+        and job.script_path.suffix == '.yaml'
+        and job.script_path.read_text().startswith('# dummy job nxp-train-gpt3_tiny')
+    )
     assert '#SBATCH' not in job.script and 'corpus: synthetic' in job.recipe_path.read_text()
     # the command line: submit, list, status by id, log, cancel – all through the dummy launcher
-    with contextlib.redirect_stdout(io.StringIO()) as out: main(['train', 'gpt3_tiny', *TINY, '--cluster', 'dummy-cpu', '--out', str(tmp_path / 'cli')])
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        main(['train', 'gpt3_tiny', *TINY, '--cluster', 'dummy-cpu', '--out', str(tmp_path / 'cli')])
     assert 'submitted as dummy job d2' in out.getvalue()
     with contextlib.redirect_stdout(io.StringIO()) as out: main(['jobs', '--json'])
     rows = [r for r in json.loads(out.getvalue()) if r['scheduler'] == 'dummy']
-    assert [(r['job_id'], r['cluster'], r['state']) for r in rows] == [('d1', 'dummy-cluster', 'RUNNING'), ('d2', 'dummy-cluster', 'RUNNING')]
+    assert [(r['job_id'], r['cluster'], r['state']) for r in rows] == [
+        ('d1', 'dummy-cluster', 'RUNNING'),
+        ('d2', 'dummy-cluster', 'RUNNING'),
+    ]
     with contextlib.redirect_stdout(io.StringIO()) as out: main(['tail', 'd2'])
     assert out.getvalue() == 'log of d2\n'
     with contextlib.redirect_stdout(io.StringIO()): main(['cancel', 'd1', '--signal', 'USR1'])
@@ -120,8 +135,12 @@ def test_an_unknown_scheduler_is_one_line(home, monkeypatch, tmp_path):
 
 @pytest.mark.timeout(400)
 def test_local_usr1_checkpoints_and_the_job_resumes(home, tmp_path):
-    "USR1 through the local launcher: the ranks save and stop (requeue status), and the same job submitted again resumes."
-    long = [o for o in TINY if not o.startswith(('trainer.max_steps', 'trainer.save_every='))] + ['trainer.max_steps=400', 'trainer.save_every=1000']
+    """USR1 through the local launcher: the ranks save and stop (requeue status), and the same job submitted again
+    resumes."""
+    long = [o for o in TINY if not o.startswith(('trainer.max_steps', 'trainer.save_every='))] + [
+        'trainer.max_steps=400',
+        'trainer.save_every=1000',
+    ]
     job = make_job('gpt3_tiny', 'cpu', tmp_path / 'job', overrides=long, scheduler='local')
     ln = LocalLauncher()
     jid = ln.submit(job)
@@ -130,11 +149,15 @@ def test_local_usr1_checkpoints_and_the_job_resumes(home, tmp_path):
         assert not ln.status(jid).done, ln.log(jid, 40)
     ln.cancel(jid, 'USR1')
     s = ln.wait(jid, timeout=120, poll=0.5)
-    assert s.state == JobState.FAILED and s.exit_code == 75 and 'stopped after a checkpoint' in s.reason, (s, ln.log(jid, 40))
+    assert s.state == JobState.FAILED and s.exit_code == 75 and 'stopped after a checkpoint' in s.reason, (
+        s,
+        ln.log(jid, 40),
+    )
     saved = json.loads((job.run_dir / 'exit_status.json').read_text())
     assert saved['stopped'] == 'signal' and saved['checkpoint'], saved
     # again, to a short end: it starts from the checkpoint
-    again = make_job('gpt3_tiny', 'cpu', tmp_path / 'job', overrides=long[:-2] + [f"trainer.max_steps={saved['step'] + 2}", 'trainer.save_every=1000'],
+    again = make_job('gpt3_tiny', 'cpu', tmp_path / 'job',
+                     overrides=long[:-2] + [f"trainer.max_steps={saved['step'] + 2}", 'trainer.save_every=1000'],
                      scheduler='local')
     s2 = ln.wait(ln.submit(again), timeout=180, poll=0.5)
     assert s2.state == JobState.COMPLETED, ln.log(s2.job_id, 40)

@@ -16,8 +16,8 @@ def _record(home: Path, jid, scheduler, cluster, code=0):
     (d / 'job.log').write_text(''.join(f"{cluster} line {i}\n" for i in range(50)))
     (d / 'state' / 'started').write_text(str(time.time() - 30))
     (d / 'state' / 'exit_code').write_text(str(code))
-    rec = dict(id=jid, scheduler=scheduler, cluster=cluster, name='j', kind='train', log=str(d / 'job.log'), out_dir=str(d),
-               tasks=0, time=time.time() - 31, pid=1, start_ticks=-1, state_dir=str(d / 'state'))
+    rec = dict(id=jid, scheduler=scheduler, cluster=cluster, name='j', kind='train', log=str(d / 'job.log'),
+               out_dir=str(d), tasks=0, time=time.time() - 31, pid=1, start_ticks=-1, state_dir=str(d / 'state'))
     with open(home / 'jobs.jsonl', 'a') as f: f.write(json.dumps(rec) + '\n')
 
 
@@ -26,7 +26,7 @@ def test_two_clusters_with_the_same_job_id(tmp_path, monkeypatch):
     here = socket.gethostname()
     _record(tmp_path, 'local-0001', 'local', here)
     _record(tmp_path, 'local-0001', 'local', 'other-host', code=1)       # the same id from another machine, newer
-    _record(tmp_path, '4242', 'slurm', 'alpha')                           # a Slurm job of a cluster that does not answer here
+    _record(tmp_path, '4242', 'slurm', 'alpha')                     # a Slurm job of a cluster that does not answer here
     assert len(find_records('local-0001')) == 2
     # this machine's job, its log and its status, never the other's
     tail = monitor.log_tail('local-0001', 5)
@@ -55,7 +55,9 @@ def test_follow_redraws_until_the_job_ends(tmp_path, monkeypatch, capsys):
     assert str(s.state) == 'COMPLETED' and s.elapsed_s > 2, s
     out = capsys.readouterr().out
     assert out.count('RUNNING') >= 2 and out.rstrip().count('COMPLETED') == 1, out[-3000:]
-    assert out.rfind('COMPLETED') > out.rfind('RUNNING') and 'step 6/6 | loss 4' in out[out.rfind('COMPLETED'):], out[-2000:]
+    assert out.rfind('COMPLETED') > out.rfind('RUNNING') and 'step 6/6 | loss 4' in out[out.rfind('COMPLETED') :], out[
+        -2000:
+    ]
 
 
 def _live_job(tmp_path, steps=6, pause=0.5):
@@ -63,14 +65,15 @@ def _live_job(tmp_path, steps=6, pause=0.5):
     import subprocess
     from nxpretrain.launch.local import _start_ticks
     run, state = tmp_path / 'run', tmp_path / 'state'
-    run.mkdir(); state.mkdir()
-    script = (f"date +%s > {state}/started; for i in $(seq 1 {steps}); do "
-              f"echo '{{\"step\": '$i', \"loss\": '$((10 - i))', \"time\": '$(date +%s.%N)'}}' >> {run}/steps.jsonl; "
-              f"echo \"step $i/{steps} | loss $((10 - i))\" >> {tmp_path}/job.log; sleep {pause}; done; echo 0 > {state}/exit_code")
+    run.mkdir()
+    state.mkdir()
+    script = (f"date +%s > {state}/started; for i in $(seq 1 {steps}); do echo '{{\"step\": '$i', \"loss\": '$((10 - "
+              f"i))', \"time\": '$(date +%s.%N)'}}' >> {run}/steps.jsonl; echo \"step $i/{steps} | loss $((10 - i))\" "
+              f">> {tmp_path}/job.log; sleep {pause}; done; echo 0 > {state}/exit_code")
     p = subprocess.Popen(['bash', '-c', script], start_new_session=True)
-    rec = dict(id='local-live', scheduler='local', cluster=socket.gethostname(), name='j', kind='train', out_dir=str(tmp_path),
-               log=str(tmp_path / 'job.log'), tasks=0, time=time.time(), pid=p.pid, start_ticks=_start_ticks(p.pid),
-               state_dir=str(state))
+    rec = dict(id='local-live', scheduler='local', cluster=socket.gethostname(), name='j', kind='train',
+               out_dir=str(tmp_path), log=str(tmp_path / 'job.log'), tasks=0, time=time.time(), pid=p.pid,
+               start_ticks=_start_ticks(p.pid), state_dir=str(state))
     (tmp_path / 'jobs.jsonl').write_text(json.dumps(rec) + '\n')
     return p, run
 

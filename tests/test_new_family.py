@@ -66,7 +66,10 @@ def test_it_plans_with_its_own_parameter_count_and_refusals():
     r = get_recipe('gpt3_tiny', 'model.arch=swigpt')
     assert count_parameters(build_model(r.model)) == plan.model_parameters(r.model, padded_vocab(r.model))
     assert plan.plan(r).parameters == plan.model_parameters(r.model, padded_vocab(r.model, r.parallel.tp))
-    assert any('parallel.cp>1 with model.arch=swigpt' in p for p in problems(get_recipe('gpt3_tiny', 'model.arch=swigpt', 'parallel.cp=2'), 2))
+    assert any(
+        'parallel.cp>1 with model.arch=swigpt' in p
+        for p in problems(get_recipe('gpt3_tiny', 'model.arch=swigpt', 'parallel.cp=2'), 2)
+    )
 
 
 def test_it_trains_under_tp2_equal_to_one_process():
@@ -78,10 +81,23 @@ def test_it_trains_under_pp2_equal_to_one_process():
 
 
 def test_it_checkpoints_and_resumes(tmp_path):
-    r = get_recipe('gpt3_tiny', 'model.arch=swigpt', 'data.corpus=synthetic', 'model.n_layers=2', 'model.hidden=32',
-                   'model.seq_len=16', 'data.micro_batch=2', 'data.global_batch=4', 'parallel.tp=2', 'trainer.save_every=2',
-                   'trainer.eval_every=0', 'optim.warmup_steps=0', 'optim.decay_steps=4', 'parallel.precision=fp32',
-                   'trainer.threads=1')   # a fixed schedule horizon: the 2-step run follows the 4-step one
+    r = get_recipe(
+        'gpt3_tiny',
+        'model.arch=swigpt',
+        'data.corpus=synthetic',
+        'model.n_layers=2',
+        'model.hidden=32',
+        'model.seq_len=16',
+        'data.micro_batch=2',
+        'data.global_batch=4',
+        'parallel.tp=2',
+        'trainer.save_every=2',
+        'trainer.eval_every=0',
+        'optim.warmup_steps=0',
+        'optim.decay_steps=4',
+        'parallel.precision=fp32',
+        'trainer.threads=1',
+    )  # a fixed schedule horizon: the 2-step run follows the 4-step one
     whole = run(train_swigpt, r, str(tmp_path / 'whole'), 4)[0]
     first = run(train_swigpt, r, str(tmp_path / 'split'), 2)[0]
     rest = run(train_swigpt, r, str(tmp_path / 'split'), 4)[0]

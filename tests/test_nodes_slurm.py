@@ -25,7 +25,11 @@ def test_watch_shows_both_nodes(two_nodes, tmp_path):
     try:
         t0 = time.time()
         while time.time() - t0 < 60:
-            if subprocess.run(['squeue', '-h', '-j', job, '-o', '%T'], capture_output=True, text=True).stdout.strip() == 'RUNNING': break
+            if (
+                subprocess.run(['squeue', '-h', '-j', job, '-o', '%T'], capture_output=True, text=True).stdout.strip()
+                == 'RUNNING'
+            ):
+                break
             time.sleep(0.5)
         rows = node_usage(job)
         assert len(rows) == 2 and len({r['node'] for r in rows}) == 2, rows
@@ -45,8 +49,12 @@ def test_watch_shows_both_nodes(two_nodes, tmp_path):
 def test_monitor_shows_both_nodes_and_the_end(two_nodes, tmp_path):
     "`05_monitor`'s job view on a two-node job: both nodes' rows while it runs; its final state and elapsed time after."
     from nxpretrain import monitor
-    p = subprocess.run(['sbatch', '--parsable', '-N', '2', '-o', str(tmp_path / 'j.log'), '--wrap', 'echo started; sleep 120'],
-                       capture_output=True, text=True, check=True)
+    p = subprocess.run(
+        ['sbatch', '--parsable', '-N', '2', '-o', str(tmp_path / 'j.log'), '--wrap', 'echo started; sleep 120'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     job = p.stdout.strip().split(';')[0]
     try:
         t0 = time.time()
@@ -57,7 +65,7 @@ def test_monitor_shows_both_nodes_and_the_end(two_nodes, tmp_path):
         assert len({r[0] for r in t.rows}) == 2 and all(r[3] == '–' for r in t.rows), t
         row = monitor.status_table(job).rows[0]
         assert row[2] == 'RUNNING' and row[3].startswith('2 '), row
-        time.sleep(max(0.0, running + 2 - time.time()))       # Slurm counts whole seconds: let it run two before the cancel
+        time.sleep(max(0.0, running + 2 - time.time()))   # Slurm counts whole seconds: let it run two before the cancel
     finally:
         subprocess.run(['scancel', job])
     t0 = time.time()

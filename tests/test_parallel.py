@@ -7,17 +7,12 @@ from nxpretrain.parallel.check import check_layout, assert_equal_to_reference, T
 SLOW = pytest.mark.skipif(not os.environ.get('NXPRETRAIN_SLOW'), reason='slow: set NXPRETRAIN_SLOW=1')
 SP = 'parallel.sequence_parallel=true'
 # (id, world, overrides): the layouts of the issue, TP with sequence parallel as the seeds run it
-MATRIX = [
-    ('tp2', 2, ('parallel.tp=2', SP)),
-    ('pp2', 2, ('parallel.pp=2',)),
-    ('fsdp_dp2', 2, ('parallel.fsdp=true',)),
-    ('zero1_dp2', 2, ('parallel.zero1=true',)),
-    ('cp2', 2, ('parallel.cp=2',)),
-    ('tp2_pp2', 4, ('parallel.tp=2', 'parallel.pp=2', SP)),
-    ('tp2_fsdp_dp2', 4, ('parallel.tp=2', 'parallel.fsdp=true', SP)),
-    ('tp2_cp2', 4, ('parallel.tp=2', 'parallel.cp=2')),
-    ('pp2_fsdp_dp2', 4, ('parallel.pp=2', 'parallel.fsdp=true')),
-]
+MATRIX = [('tp2', 2, ('parallel.tp=2', SP)), ('pp2', 2, ('parallel.pp=2',)), ('fsdp_dp2', 2, ('parallel.fsdp=true',)),
+          ('zero1_dp2', 2, ('parallel.zero1=true',)), ('cp2', 2, ('parallel.cp=2',)),
+          ('tp2_pp2', 4, ('parallel.tp=2', 'parallel.pp=2', SP)),
+          ('tp2_fsdp_dp2', 4, ('parallel.tp=2', 'parallel.fsdp=true', SP)),
+          ('tp2_cp2', 4, ('parallel.tp=2', 'parallel.cp=2')),
+          ('pp2_fsdp_dp2', 4, ('parallel.pp=2', 'parallel.fsdp=true'))]
 
 def run(arch, world, overrides, steps=2, **kw):
     return run_distributed(check_layout, world, arch, tuple(overrides), steps, timeout=120, **kw)
@@ -29,9 +24,12 @@ def test_layout_equals_single_process(arch, name, world, overrides):
     assert len(res) == world and all(len(r['loss']) == 2 for r in res)
     assert_equal_to_reference(res)
 
-@pytest.mark.parametrize('name,world,overrides', [('tp2', 2, ('parallel.tp=2',)), ('fsdp_dp2', 2, ('parallel.fsdp=true',))], ids=['tp2', 'fsdp_dp2'])
+@pytest.mark.parametrize('name,world,overrides',
+                         [('tp2', 2, ('parallel.tp=2',)), ('fsdp_dp2', 2, ('parallel.fsdp=true',))],
+                         ids=['tp2', 'fsdp_dp2'])
 def test_bert_layout_equals_single_process(name, world, overrides):
-    "BERT (MLM + NSP, padding mask, segment types): TP without SP, and data parallel; PP and CP do not apply to it here."
+    """BERT (MLM + NSP, padding mask, segment types): TP without SP, and data parallel; PP and CP do not apply to it
+    here."""
     assert_equal_to_reference(run('bert', world, overrides))
 
 @pytest.mark.parametrize('arch,world,overrides', [('llama', 2, ('parallel.tp=2', SP)), ('bert', 2, ('parallel.tp=2',)),
@@ -84,7 +82,8 @@ def _zero1_state_bytes():
     opt = pm.build_optimizer()
     tokens, labels = tiny_batch(r)
     pm.train_step(dp_shard(tokens, state), dp_shard(labels, state), opt)
-    out = (type(opt) is FlatZero1Optimizer, sum(local(v).numel() * v.element_size() for s in opt.state.values() for v in s.values()))
+    out = (type(opt) is FlatZero1Optimizer,
+           sum(local(v).numel() * v.element_size() for s in opt.state.values() for v in s.values()))
     destroy_model_parallel()
     return out
 
@@ -98,19 +97,25 @@ def test_gqa_tp_beyond_kv_heads_with_kv_replication():
     assert_equal_to_reference(run('llama', 4, ('parallel.tp=4', 'parallel.kv_replicator=2', SP)))
 
 def test_interleaved_pipeline():
-    assert_equal_to_reference(run('gpt', 2, ('model.n_layers=4', 'parallel.pp=2', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved')))
+    assert_equal_to_reference(
+        run('gpt', 2,
+            ('model.n_layers=4', 'parallel.pp=2', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved'))
+    )
 
 def test_manual_pipeline_cuts():
     "Uneven stages, as the trn2 Llama-3 70B recipe's pp_cuts [18, 39, 60]: here layer 0 | layers 1-3."
     assert_equal_to_reference(run('llama', 2, ('model.n_layers=4', 'parallel.pp=2', 'parallel.pp_cuts=[1]')))
 
 @pytest.mark.parametrize('ac', [('parallel.activation_checkpointing=full',),
-                                ('parallel.activation_checkpointing=selective', 'parallel.checkpoint_modules=[attention,mlp]')], ids=['full', 'selective'])
+                                ('parallel.activation_checkpointing=selective',
+                                 'parallel.checkpoint_modules=[attention,mlp]')],
+                         ids=['full', 'selective'])
 def test_activation_checkpointing_keeps_results(ac):
     assert_equal_to_reference(run('llama', 2, ('parallel.fsdp=true', *ac)))
 
 def test_bf16_mixed_precision_tracks_fp32():
-    "bf16 compute with fp32 master weights: losses within bf16 rounding (≈1e-2) of the fp32 reference, weights stay fp32."
+    """bf16 compute with fp32 master weights: losses within bf16 rounding (≈1e-2) of the fp32 reference, weights stay
+    fp32."""
     res = run('gpt', 2, ('parallel.tp=2', SP, 'parallel.precision=bf16'))
     assert all(r['loss_err'] < 2e-2 for r in res) and all(r['param_dtype'] == 'torch.float32' for r in res)
 
@@ -130,7 +135,8 @@ def test_tp2_pp2_dp2_eight_ranks(arch):
     ('llama', 4, ('parallel.pp=2', 'parallel.cp=2')),
     ('gpt', 4, ('parallel.cp=2', 'parallel.fsdp=true')),
     ('bert', 4, ('parallel.tp=2', 'parallel.zero1=true')),
-    ('gpt', 4, ('model.n_layers=4', 'parallel.pp=2', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved', 'parallel.tp=2', SP)),
+    ('gpt', 4, ('model.n_layers=4', 'parallel.pp=2', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved',
+                'parallel.tp=2', SP)),
     ('gpt', 4, ('model.n_layers=4', 'parallel.pp=4')),
 ], ids=['llama_pp2_cp2', 'gpt_cp2_fsdp_dp2', 'bert_tp2_zero1_dp2', 'gpt_interleaved_tp2', 'gpt_pp4_tied_middle_stages'])
 def test_more_layouts(arch, world, overrides):

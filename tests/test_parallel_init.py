@@ -12,7 +12,8 @@ LAYOUTS = [
     ('tp2_pp2', 4, 'llama', ('parallel.tp=2', 'parallel.pp=2', SP)),
     ('tp2_fsdp_dp2', 4, 'gpt', ('parallel.tp=2', 'parallel.fsdp=true', SP)),
     ('kv_replicated_tp4', 4, 'llama', ('parallel.tp=4', 'parallel.kv_replicator=2', SP)),
-    ('interleaved_pp2', 2, 'gpt', ('model.n_layers=4', 'parallel.pp=2', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved')),
+    ('interleaved_pp2', 2, 'gpt',
+     ('model.n_layers=4', 'parallel.pp=2', 'parallel.virtual_pp=2', 'parallel.pp_schedule=interleaved')),
     ('bert_tp2', 2, 'bert', ('parallel.tp=2',)),
 ]
 
@@ -30,7 +31,8 @@ def gathered_weights(arch: str, overrides: tuple, seed: int = 3) -> dict:
     out = {}
     for name, p in pm.named_parameters():
         w = p.full_tensor() if hasattr(p, 'full_tensor') else p
-        out[name] = (unreplicate_kv(w, *kv[id(p)]) if id(p) in kv else w).detach().numpy().copy()   # plain arrays travel back
+        # plain arrays travel back
+        out[name] = (unreplicate_kv(w, *kv[id(p)]) if id(p) in kv else w).detach().numpy().copy()
     destroy_model_parallel()
     return out
 
@@ -41,12 +43,17 @@ def test_initial_weights_equal_the_single_process_model(name, world, arch, overr
     from nxpretrain.models import build_model
     from nxpretrain.recipes import padded_vocab
     r = tiny_recipe(arch, *overrides)
-    ref = dict(build_model(r.model, padded_vocab(r.model, r.parallel.tp), seed=3).named_parameters(remove_duplicate=False))   # a tied head under its own name too
+    # a tied head under its own name too
+    ref = dict(
+        build_model(r.model, padded_vocab(r.model, r.parallel.tp), seed=3).named_parameters(remove_duplicate=False)
+    )
     ranks = run_distributed(gathered_weights, world, arch, overrides, timeout=120)
     seen = set()
     for rank, weights in enumerate(ranks):
         for n, w in weights.items():
-            assert torch.equal(torch.from_numpy(w), ref[n].detach()), f"rank {rank}: {n} differs from the one-process model"
+            assert torch.equal(torch.from_numpy(w), ref[n].detach()), (
+                f"rank {rank}: {n} differs from the one-process model"
+            )
             seen.add(n)
     missing = set(ref) - seen - {'output.weight'}   # a tied head is the embedding unless a pipeline separates them
     assert not missing, f"parameters no rank holds: {missing}"

@@ -1,4 +1,5 @@
-"""The (pp, dp, cp, tp) mesh on real processes: NxD's rank grid, getters, neighbours, log tags; the harness's failure modes."""
+"""The (pp, dp, cp, tp) mesh on real processes: NxD's rank grid, getters, neighbours, log tags; the harness's failure
+modes."""
 import os, time, pytest, torch, torch.distributed as dist
 from nxpretrain.parallel.spawn import run_distributed, DistributedError, fail_on_rank
 from nxpretrain.parallel import state as ps
@@ -9,7 +10,9 @@ def layout(tp, pp, cp):
                dp=ps.get_data_parallel_rank(), cp=ps.get_context_parallel_rank(), dp_size=ps.get_data_parallel_size(),
                tp_ranks=ps.get_tensor_model_parallel_ranks(), dp_ranks=ps.get_data_parallel_ranks(),
                next=ps.get_next_rank(), prev=ps.get_prev_rank(), tag=st.tag)
-    t = torch.ones(1); dist.all_reduce(t, group=ps.get_tensor_model_parallel_group()); out['tp_sum'] = t.item()
+    t = torch.ones(1)
+    dist.all_reduce(t, group=ps.get_tensor_model_parallel_group())
+    out['tp_sum'] = t.item()
     ps.destroy_model_parallel()
     return out
 
@@ -35,11 +38,14 @@ def test_bad_layout_refused_before_any_process_group():
     assert not dist.is_initialized()
 
 def test_slurm_env_start():
-    env = {'SLURM_PROCID': '0', 'SLURM_NTASKS': '1', 'SLURM_LOCALID': '0', 'SLURM_JOB_NODELIST': 'localhost', 'MASTER_ADDR': '127.0.0.1',
+    env = {'SLURM_PROCID': '0', 'SLURM_NTASKS': '1', 'SLURM_LOCALID': '0', 'SLURM_JOB_NODELIST': 'localhost',
+           'MASTER_ADDR': '127.0.0.1',
            'MASTER_PORT': str(__import__('nxpretrain.parallel.spawn', fromlist=['x']).free_port())}
     st = ps.init_distributed(env=env, device='cpu')
     try: assert st.world == 1 and st.tag == '[rank_0_pp0_tp0_dp0_cp0]'
-    finally: ps.destroy_model_parallel(); dist.destroy_process_group()
+    finally:
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
 
 def die_on_rank(bad):
     if dist.get_rank() == bad: os._exit(3)
@@ -55,7 +61,8 @@ def test_harness_reports_exception_with_traceback():
 
 def test_harness_reports_dead_rank_fast():
     t = time.monotonic()
-    with pytest.raises(DistributedError, match='rank 0 died with exit code 3'): run_distributed(die_on_rank, 2, 0, timeout=30)
+    with pytest.raises(DistributedError, match='rank 0 died with exit code 3'):
+        run_distributed(die_on_rank, 2, 0, timeout=30)
     assert time.monotonic() - t < 20
 
 def test_harness_times_out():

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.timeout(600)
 def nxp(*argv, cwd, timeout=300) -> subprocess.CompletedProcess:
     code = 'import sys; from nxpretrain.cli import main; sys.exit(main(sys.argv[1:]))'
     env = {**os.environ, 'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', '')}
-    return subprocess.run([sys.executable, '-c', code, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, '-c', code, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def images(nb: Path) -> int:
@@ -38,7 +39,8 @@ def test_second_demo_goes_on_in_its_own_notebook(tmp_path):
 
     refused = nxp('demo', '--name', 'r1', '--max-steps', '3', cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.strip() == (
-        'nxpretrain demo: run r1 is already at step 3: give --max-steps above 3 to train it further, or another --name for a new run')
+        'nxpretrain demo: run r1 is already at step 3: give --max-steps above 3 to train it further, or another '
+        '--name for a new run')
     assert sorted(p.name for p in run.glob('train*.ipynb')) == ['train-2.ipynb', 'train.ipynb']
 
     listed = json.loads(nxp('runs', '--json', cwd=tmp_path).stdout)
@@ -58,16 +60,22 @@ def test_lab_serves_localhost_with_its_token(tmp_path):
     try:
         lines = [p.stdout.readline() for _ in range(3)]
         port = int(re.search(r'port (\d+)', lines[0]).group(1))
-        assert re.fullmatch(rf'On your laptop, forward the port:  ssh -N -L {port}:localhost:{port} \S+@\S+\n', lines[1]), lines
+        assert re.fullmatch(rf'On your laptop, forward the port:  ssh -N -L {port}:localhost:{port} \S+@\S+\n',
+                            lines[1]), lines
         url = re.search(r'then open:  (http://localhost:\d+/lab\?token=(\w+))', lines[2])
         assert url and len(url.group(2)) >= 32, lines
         status = None
         for _ in range(120):
-            try: status = json.load(urllib.request.urlopen(f'http://127.0.0.1:{port}/api/status?token={url.group(2)}', timeout=2)); break
+            try:
+                status = json.load(
+                    urllib.request.urlopen(f'http://127.0.0.1:{port}/api/status?token={url.group(2)}', timeout=2)
+                )
+                break
             except (urllib.error.URLError, ConnectionError): time.sleep(0.5)
         assert status is not None and 'started' in status, 'JupyterLab did not answer within 60 s'
-        with pytest.raises(urllib.error.HTTPError, match='403'):                                     # no token, no entry
+        with pytest.raises(urllib.error.HTTPError, match='403'):                                    # no token, no entry
             urllib.request.urlopen(f'http://127.0.0.1:{port}/api/contents', timeout=5)
         assert urllib.request.urlopen(url.group(1).replace('localhost', '127.0.0.1'), timeout=10).status == 200
     finally:
-        os.killpg(p.pid, 15); p.wait(30)
+        os.killpg(p.pid, 15)
+        p.wait(30)

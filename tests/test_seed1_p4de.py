@@ -1,6 +1,6 @@
 """Seed 1 (NeMo GPT-3 on 16 p4de.24xlarge, enroot/pyxis): its recipes validate and plan, their jobs run in the seed's
-container with its mounts and pass `sbatch --test-only` on a controller shaped like the cluster, and the data recipe reads
-pre-made `.bin/.idx` prefixes as they are (a small copy of the layout trains two steps)."""
+container with its mounts and pass `sbatch --test-only` on a controller shaped like the cluster, and the data recipe
+reads pre-made `.bin/.idx` prefixes as they are (a small copy of the layout trains two steps)."""
 import numpy as np
 import pytest
 from nxpretrain.recipes import get_recipe, override, validate
@@ -19,7 +19,8 @@ def test_recipes_validate_and_plan(name):
     r = validate(get_recipe(name))
     p = plan(r)
     assert not p.problems, str(p)
-    if name == 'gpt3_175b_p4de':   # NeMo's 512 micro-batches × 12 virtual stages: torch's pipeline schedule keeps a receive
+    # NeMo's 512 micro-batches × 12 virtual stages: torch's pipeline schedule keeps a receive
+    if name == 'gpt3_175b_p4de':
         assert not p.fits and p.memory.buffers > 250 * 2**30, str(p)   # buffer per micro-batch, chunk and direction
     else: assert p.fits, str(p)
     assert r.data.blend[1::2] == [f'/fsx/data/the_pile_gpt3/my-gpt3_{i:02d}_text_document' for i in range(30)]
@@ -78,6 +79,10 @@ def test_premade_prefixes_train_as_they_are(tmp_path):
     assert len(res.losses) == 2 and all(np.isfinite(res.losses))
     assert abs(res.losses[0] - np.log(50304)) < 1.0                 # a fresh GPT-2-vocabulary model on these tokens
     assert before == {p: (open(p + '.bin', 'rb').read(), open(p + '.idx', 'rb').read()) for p in prefixes}
-    assert sorted(q.name for q in (tmp_path / 'the_pile_gpt3').iterdir() if q.suffix in ('.bin', '.idx')) == \
-        ['my-gpt3_00_text_document.bin', 'my-gpt3_00_text_document.idx', 'my-gpt3_01_text_document.bin', 'my-gpt3_01_text_document.idx']
+    assert sorted(q.name for q in (tmp_path / 'the_pile_gpt3').iterdir() if q.suffix in ('.bin', '.idx')) == [
+        'my-gpt3_00_text_document.bin',
+        'my-gpt3_00_text_document.idx',
+        'my-gpt3_01_text_document.bin',
+        'my-gpt3_01_text_document.idx',
+    ]
     assert IndexedDataset(prefixes[1]).num_tokens > 0

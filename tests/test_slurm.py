@@ -48,7 +48,8 @@ def _wait_log(job_id, needle, timeout=120):
     while time.time() - t0 < timeout:
         if needle in tail(job_id, 200): return tail(job_id, 200)
         time.sleep(0.5)
-    raise AssertionError(f"{needle!r} not in the log of job {job_id} after {timeout} s:\n{tail(job_id, 50)}\n{status(job_id)}")
+    raise AssertionError(f"{needle!r} not in the log of job {job_id} after {timeout} "
+                         f"s:\n{tail(job_id, 50)}\n{status(job_id)}")
 
 
 # A stand-in trainer: prints a progress line per step, and on SIGTERM finishes the step, saves its step to a checkpoint
@@ -95,11 +96,13 @@ def test_submit_status_tail_cancel(one_node, tmp_path):
 def test_quoting_adversarial(one_node, tmp_path):
     "Shell metacharacters in overrides reach the trainer as text and never run a command (recipe names refuse them)."
     pwned = tmp_path / 'pwned'
-    evil = [f"$(touch {pwned})", f"`touch {pwned}`", f"'; touch {pwned}; '", f'"; touch {pwned}; "', f"x\ntouch {pwned}",
-            f"a && touch {pwned} || b", f"| touch {pwned}", "$HOME * ? [a] ~ {a,b} \\ %x %j"]
-    overrides = [f"notes={evil[0]}"] + [f"{k}={v}" for k, v in zip(['data.corpus', 'data.tokenizer', 'notes', 'source'], evil[1:5])]
+    evil = [f"$(touch {pwned})", f"`touch {pwned}`", f"'; touch {pwned}; '", f'"; touch {pwned}; "',
+            f"x\ntouch {pwned}", f"a && touch {pwned} || b", f"| touch {pwned}", "$HOME * ? [a] ~ {a,b} \\ %x %j"]
+    overrides = [f"notes={evil[0]}"] + [f"{k}={v}" for k,
+                                        v in zip(['data.corpus', 'data.tokenizer', 'notes', 'source'], evil[1:5])]
     for i, v in enumerate(evil[5:]): overrides.append(f"notes={v}")
-    job = make_job('gpt3_tiny', 'ci', tmp_path / 'job', overrides=overrides, entry=_script(tmp_path, 'dump.py', ARGV_DUMP))
+    job = make_job('gpt3_tiny', 'ci', tmp_path / 'job', overrides=overrides,
+                   entry=_script(tmp_path, 'dump.py', ARGV_DUMP))
     s = wait(submit(job), timeout=120)
     assert s.state == 'COMPLETED', (s, tail(s.job_id, 30))
     argv = json.loads((tmp_path / 'job' / 'argv-rank0.json').read_text(errors='replace'))
@@ -120,7 +123,8 @@ def test_data_array_then_dependent_job(one_node, tmp_path):
     arr = make_array_job('demo corpus', worker, out, tasks=4, cluster='ci')
     aid = submit(arr)
     check = make_job('gpt3_tiny', 'ci', tmp_path / 'train', entry=_script(tmp_path, 'check.py',
-                     f"import pathlib; n = len(list(pathlib.Path({str(out)!r}).glob('shard-*.txt'))); print('shards', n); assert n == 4"))
+                     f"import pathlib; n = len(list(pathlib.Path({str(out)!r}).glob('shard-*.txt'))); print('shards', "
+                     "n); assert n == 4"))
     tid = submit(check, after=[aid])
     s = wait(tid, timeout=180)
     assert s.state == 'COMPLETED', (s, tail(tid, 30))
@@ -130,7 +134,8 @@ def test_data_array_then_dependent_job(one_node, tmp_path):
 
 
 def test_preempt_requeue_resume_fake_trainer(one_node, tmp_path):
-    "USR1 to the batch shell → SIGTERM to the ranks → checkpoint → requeue → the second run resumes with restart count 1."
+    """USR1 to the batch shell → SIGTERM to the ranks → checkpoint → requeue → the second run resumes with restart count
+    1."""
     job = make_job('gpt3_tiny', 'ci', tmp_path / 'job', entry=_script(tmp_path, 'fake.py', FAKE_TRAINER))
     jid = submit(job)
     _wait_log(jid, 'global_step=5')
@@ -147,7 +152,8 @@ def test_preempt_requeue_resume_fake_trainer(one_node, tmp_path):
 
 
 def test_two_node_rendezvous(two_nodes, tmp_path):
-    "torchrun on two namespaced hosts finds its peer through the rendezvous the script builds, and gloo all_reduce works."
+    """torchrun on two namespaced hosts finds its peer through the rendezvous the script builds, and gloo all_reduce
+    works."""
     code = r'''
 import os, socket, torch, torch.distributed as dist
 dist.init_process_group('gloo')

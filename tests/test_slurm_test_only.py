@@ -1,5 +1,5 @@
-"""Every catalog recipe's job passes `sbatch --test-only` against a slurmctld whose nodes have its profile's shape
-(e.g. 16 nodes × 128 CPUs for trn1.32xlarge, gpu:8 for the GPU profiles), and a request the cluster cannot meet is refused.
+"""Every catalog recipe's job passes `sbatch --test-only` against a slurmctld whose nodes have its profile's shape (e.g.
+16 nodes × 128 CPUs for trn1.32xlarge, gpu:8 for the GPU profiles), and a request the cluster cannot meet is refused.
 Skipped, with the reason, where a local Slurm cannot be started."""
 from collections import defaultdict
 import pytest

@@ -13,7 +13,11 @@ from nxpretrain.launch.slurm import SlurmLauncher
 
 release = SlurmLauncher().release   # Slurm's own: start a requeued job now
 
-REASON = why_no_slurm() or ('' if (Path(nxpretrain.__file__).parent / 'train' / 'entry.py').exists() else 'the trainer (nxpretrain.train.entry) is not in this checkout')
+REASON = why_no_slurm() or (
+    ''
+    if (Path(nxpretrain.__file__).parent / 'train' / 'entry.py').exists()
+    else 'the trainer (nxpretrain.train.entry) is not in this checkout'
+)
 pytestmark = [pytest.mark.skipif(bool(REASON), reason=f"cannot run: {REASON}"), pytest.mark.timeout(600)]
 REPO = Path(nxpretrain.__file__).resolve().parents[1]
 # gpt3_tiny made smaller still: two ranks share this machine's two (busy) cores
@@ -46,7 +50,9 @@ def _small(corpus, *more): return SMALL + [f"data.corpus={corpus}", *more]
 
 
 def _steps(run_dir) -> list[dict]:
-    return [json.loads(l) for l in (Path(run_dir) / 'steps.jsonl').read_text(errors='replace').splitlines() if l.strip()]
+    return [
+        json.loads(l) for l in (Path(run_dir) / 'steps.jsonl').read_text(errors='replace').splitlines() if l.strip()
+    ]
 
 
 def _wait_step(run_dir, n, job_id, timeout=240):
@@ -61,9 +67,15 @@ def _wait_step(run_dir, n, job_id, timeout=240):
 def test_two_node_training_through_04_train(corpus, tmp_path):
     out = tmp_path / 'runs'
     overrides = ' '.join(_small(corpus, 'trainer.save_every=10'))
-    p = subprocess.run([sys.executable, '-m', 'papermill', str(REPO / 'nbs/04_train.ipynb'), str(tmp_path / 'train.ipynb'), '-k', 'python3',
-                        '-p', 'model', 'gpt3_tiny', '-p', 'cluster', 'ci@2', '-p', 'overrides', overrides, '-p', 'max_steps', '20',
-                        '-p', 'out_dir', str(out), '--no-progress-bar'], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, '-m', 'papermill', str(REPO / 'nbs/04_train.ipynb'), str(tmp_path / 'train.ipynb'), '-k',
+         'python3', '-p', 'model', 'gpt3_tiny', '-p', 'cluster', 'ci@2', '-p', 'overrides', overrides, '-p',
+         'max_steps', '20', '-p', 'out_dir', str(out), '--no-progress-bar'],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     rec = json.loads(next(out.rglob('jobs.jsonl')).read_text().splitlines()[-1])
     s = wait(rec['id'], timeout=480)
@@ -78,10 +90,11 @@ def test_two_node_training_through_04_train(corpus, tmp_path):
 
 
 def test_preempt_requeue_resume(corpus, tmp_path):
-    job = make_job('gpt3_tiny', 'ci@2', tmp_path / 'job', overrides=_small(corpus, 'trainer.max_steps=30', 'trainer.save_every=1000'))
+    job = make_job('gpt3_tiny', 'ci@2', tmp_path / 'job',
+                   overrides=_small(corpus, 'trainer.max_steps=30', 'trainer.save_every=1000'))
     jid = submit(job)
     _wait_step(job.run_dir, 6, jid)
-    cancel(jid, signal='USR1')                      # what --signal=B:USR1@grace does before a preemption or the time limit
+    cancel(jid, signal='USR1')                   # what --signal=B:USR1@grace does before a preemption or the time limit
     wait(jid, until={'PENDING'}, timeout=240)       # checkpointed, stopped with the requeue status, requeued
     stopped = json.loads((job.run_dir / 'exit_status.json').read_text(errors='replace'))
     assert stopped['code'] == 75 and stopped['step'] >= 6, stopped

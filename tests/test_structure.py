@@ -56,5 +56,6 @@ def test_notebook_imports_stand_in_cells_of_their_own():
             src = ''.join(cell['source'])
             if cell['cell_type'] != 'code' or re.search(r'^#\|\s*export', src, re.M): continue
             code = [l for l in src.splitlines() if l.strip() and not l.startswith('#')]
-            if any(map(_is_import, code)) and not all(map(_is_import, code)): mixed.append(f"{nb.relative_to(PKG.parent)} cell {i}")
+            if any(map(_is_import, code)) and not all(map(_is_import, code)):
+                mixed.append(f"{nb.relative_to(PKG.parent)} cell {i}")
     assert not mixed, mixed

@@ -1,7 +1,8 @@
 """The trainer's metrics in MLflow and W&B, read back with the real client libraries, offline: a tiny run with
-`trainer.loggers=tensorboard,mlflow,wandb` stopped at step 4 and resumed to step 6 logs into one MLflow run and one W&B
-run; every step's loss and learning rate there equals `steps.jsonl`, validation lands at its steps, the recipe is the
-run's parameters, the end state is recorded, and no secret from the environment is written anywhere in the run folder."""
+`trainer.loggers=tensorboard,mlflow,wandb` stopped at step 4 and resumed to step 6 logs into one MLflow run and one
+W&B run; every step's loss and learning rate there equals `steps.jsonl`, validation lands at its steps, the recipe is
+the run's parameters, the end state is recorded, and no secret from the environment is written anywhere in the run
+folder."""
 import json
 from pathlib import Path
 import pytest
@@ -15,8 +16,9 @@ import nxpretrain.recipes as recipes
 
 pytestmark = pytest.mark.timeout(300)
 TINY = ['data.corpus=synthetic', 'model.n_layers=1', 'model.hidden=32', 'model.n_heads=2', 'model.seq_len=16',
-        'data.micro_batch=2', 'data.global_batch=4', 'trainer.log_every=1', 'trainer.eval_every=3', 'trainer.eval_steps=1',
-        'trainer.save_every=2', 'trainer.max_steps=6', 'optim.warmup_steps=1', 'trainer.loggers=tensorboard,mlflow,wandb']
+        'data.micro_batch=2', 'data.global_batch=4', 'trainer.log_every=1', 'trainer.eval_every=3',
+        'trainer.eval_steps=1', 'trainer.save_every=2', 'trainer.max_steps=6', 'optim.warmup_steps=1',
+        'trainer.loggers=tensorboard,mlflow,wandb']
 
 
 def test_mlflow_and_wandb_hold_what_the_trainer_logged(tmp_path, monkeypatch):
@@ -40,7 +42,9 @@ def test_mlflow_and_wandb_hold_what_the_trainer_logged(tmp_path, monkeypatch):
     assert lr == [(s['step'], pytest.approx(s['lr'], rel=1e-6)) for s in steps], lr
     assert [m.step for m in client.get_metric_history(ids['mlflow'], 'val/loss')] == [3, 6]
     mrun = client.get_run(ids['mlflow'])
-    assert mrun.data.params['model.hidden'] == '32' and mrun.data.params['trainer.loggers'] == 'tensorboard,mlflow,wandb'
+    assert (
+        mrun.data.params['model.hidden'] == '32' and mrun.data.params['trainer.loggers'] == 'tensorboard,mlflow,wandb'
+    )
     assert mrun.data.tags['final.step'] == '6' and mrun.data.tags['final.stopped'] == res.stopped
     assert mrun.info.status == 'FINISHED'
     assert len(client.search_runs([mrun.info.experiment_id])) == 1
@@ -59,7 +63,8 @@ def test_mlflow_and_wandb_hold_what_the_trainer_logged(tmp_path, monkeypatch):
 
 def test_logger_problems_are_one_line_before_any_work(monkeypatch):
     r = get_recipe('gpt3_tiny', 'trainer.loggers=tensorboard,neptune')
-    assert problems(r) == ["trainer.loggers='tensorboard,neptune': neptune unknown; choose from tensorboard, mlflow, wandb"]
+    assert problems(r) == ["trainer.loggers='tensorboard,neptune': neptune unknown; choose from tensorboard, mlflow, "
+                           "wandb"]
     monkeypatch.setitem(recipes.TRACKERS, 'wandb', 'wandb_is_not_installed_here')
     msg = problems(get_recipe('gpt3_tiny', 'trainer.loggers=wandb'))
     assert msg == ["trainer.loggers='wandb': wandb needs its client library: pip install 'nxpretrain[tracking]'"], msg

@@ -1,5 +1,5 @@
-"""The trainer through the parallel engine on real gloo processes: DP, TP and PP runs match the single-process run, resume
-exactly on the same layout, and resume onto a different layout (DCP reshards model and optimizer state)."""
+"""The trainer through the parallel engine on real gloo processes: DP, TP and PP runs match the single-process run,
+resume exactly on the same layout, and resume onto a different layout (DCP reshards model and optimizer state)."""
 import math
 import pytest
 import torch
@@ -9,9 +9,10 @@ from train_helpers import dist_train, close
 
 STEPS, HALF = 6, 3
 # decay_steps fixes the schedule's horizon, so a run stopped at HALF and resumed follows the uninterrupted one
-R = get_recipe('gpt3_tiny', 'data.corpus=synthetic', 'model.n_layers=2', 'model.hidden=64', 'model.seq_len=32', 'data.micro_batch=2',
-               'data.global_batch=4', 'trainer.threads=1', 'trainer.save_every=3', 'trainer.eval_every=3', 'trainer.eval_steps=1',
-               'trainer.log_every=3', 'parallel.precision=fp32', 'optim.warmup_steps=2', f'optim.decay_steps={STEPS}')
+R = get_recipe('gpt3_tiny', 'data.corpus=synthetic', 'model.n_layers=2', 'model.hidden=64', 'model.seq_len=32',
+               'data.micro_batch=2', 'data.global_batch=4', 'trainer.threads=1', 'trainer.save_every=3',
+               'trainer.eval_every=3', 'trainer.eval_steps=1', 'trainer.log_every=3', 'parallel.precision=fp32',
+               'optim.warmup_steps=2', f'optim.decay_steps={STEPS}')
 
 
 def layout(**kw): return override(R, *[f'parallel.{k}={v}' for k, v in kw.items()])
@@ -25,14 +26,17 @@ def single(tmp_path_factory):
 
 def test_dp2_matches_single_process(tmp_path, single):
     got = dist_train(layout(dp=2), tmp_path, STEPS)
-    close(got.losses, single.losses); close([got.eval['loss']], [single.eval['loss']])
+    close(got.losses, single.losses)
+    close([got.eval['loss']], [single.eval['loss']])
 
 
 @pytest.mark.parametrize('lay', [dict(pp=2), dict(cp=2), dict(tp=2, cp=2)], ids=['pp2', 'cp2', 'tp2_cp2'])
 def test_training_and_validation_equal_single_process(tmp_path, single, lay):
-    "Validation runs on the layout itself (pipeline forward-only pass, ring attention) and gives the one-process figures."
+    """Validation runs on the layout itself (pipeline forward-only pass, ring attention) and gives the one-process
+    figures."""
     got = dist_train(layout(**lay), tmp_path, STEPS, world=math.prod(lay.values()))
-    close(got.losses, single.losses); close([got.eval['loss'], got.eval['perplexity']], [single.eval['loss'], single.eval['perplexity']])
+    close(got.losses, single.losses)
+    close([got.eval['loss'], got.eval['perplexity']], [single.eval['loss'], single.eval['perplexity']])
 
 
 def test_tp2_exact_resume_and_resume_onto_dp2(tmp_path, single):
@@ -72,7 +76,8 @@ def test_zero1_resume_exact_and_onto_one_process(tmp_path, single):
 
 
 def test_async_save_dp2_resumes_exactly(tmp_path):
-    "Async saves on 2 ranks (background copy and write on their own gloo group): the resumed run equals the uninterrupted one."
+    """Async saves on 2 ranks (background copy and write on their own gloo group): the resumed run equals the
+    uninterrupted one."""
     full = dist_train(layout(dp=2), tmp_path / 'full', STEPS, async_save=True)
     half = dist_train(layout(dp=2), tmp_path / 'cut', HALF, async_save=True)
     rest = dist_train(layout(dp=2), tmp_path / 'cut', STEPS, async_save=True)

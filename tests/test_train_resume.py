@@ -1,5 +1,6 @@
-"""Reliability of training on real processes: kill -9 at random steps, kill -9 during a save, a corrupted checkpoint, and
-SIGTERM under torchrun – each resumed run must reproduce the uninterrupted loss curve bit for bit (eager, pinned threads)."""
+"""Reliability of training on real processes: kill -9 at random steps, kill -9 during a save, a corrupted checkpoint,
+and SIGTERM under torchrun – each resumed run must reproduce the uninterrupted loss curve bit for bit (eager, pinned
+threads)."""
 import json, os, random, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
@@ -7,8 +8,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 12
 RECIPE = ['--recipe', 'gpt3_tiny', 'data.corpus=synthetic', 'model.n_layers=2', 'model.hidden=64', 'model.seq_len=32',
-          'data.micro_batch=2', 'data.global_batch=4', 'trainer.log_every=4', 'trainer.eval_every=0', 'trainer.save_every=2',
-          'trainer.keep_last=2', 'trainer.threads=1', 'optim.warmup_steps=2', '--no-progress', '--max-steps', str(STEPS)]
+          'data.micro_batch=2', 'data.global_batch=4', 'trainer.log_every=4', 'trainer.eval_every=0',
+          'trainer.save_every=2', 'trainer.keep_last=2', 'trainer.threads=1', 'optim.warmup_steps=2', '--no-progress',
+          '--max-steps', str(STEPS)]
 RUN = 'gpt3_tiny'
 
 
@@ -19,13 +21,19 @@ def _env(**extra):
 
 
 def launch(out: Path, *extra, env=None, torchrun: int = 0, script: Path | None = None) -> subprocess.Popen:
-    """Start a training process (or a torchrun job of `torchrun` workers) writing to `out`; its output goes to `out/console.txt`.
-    `script`: a Python file to run instead of `-m nxpretrain.train.entry` (it must run the entry itself)."""
+    """Start a training process (or a torchrun job of `torchrun` workers) writing to `out`; its output goes to
+    `out/console.txt`. `script`: a Python file to run instead of `-m nxpretrain.train.entry` (it must run the entry
+    itself)."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = ([sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}'] if torchrun else [sys.executable])
+    cmd = (
+        [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}']
+        if torchrun
+        else [sys.executable]
+    )
     cmd += [*([str(script)] if script else ['-m', 'nxpretrain.train.entry']), *RECIPE, '--out-dir', str(out), *extra]
     log = open(out / 'console.txt', 'a')
-    return subprocess.Popen(cmd, cwd=ROOT, env=env or _env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(cmd, cwd=ROOT, env=env or _env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def steps(out: Path) -> list[dict]:
@@ -43,14 +51,17 @@ def wait_for(cond, proc, timeout=180, what=''):
 
 def finish(proc, timeout=300) -> int:
     try: return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired: os.killpg(proc.pid, signal.SIGKILL); raise
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
 
 
 def console(out: Path) -> str: return (out / 'console.txt').read_text()
 
 
 def assert_same_curve(out: Path, ref: dict, last: int = STEPS):
-    "Every logged loss of `out` (re-run steps included) equals the reference bit for bit, and steps 1..last are all there."
+    """Every logged loss of `out` (re-run steps included) equals the reference bit for bit, and steps 1..last are all
+    there."""
     got = steps(out)
     assert {s['step'] for s in got} >= set(range(1, last + 1)), sorted({s['step'] for s in got})
     bad = [(s['step'], s['loss'], ref[s['step']]) for s in got if s['loss'] != ref[s['step']]]
@@ -68,13 +79,15 @@ def reference(tmp_path_factory) -> dict:
     return ref
 
 
-@pytest.mark.parametrize('seed,extra', [(0, ()), (1, ()), (2, ()), (3, ('--async-save',))], ids=['sync-a', 'sync-b', 'sync-c', 'async'])
+@pytest.mark.parametrize('seed,extra', [(0, ()), (1, ()), (2, ()), (3, ('--async-save',))],
+                         ids=['sync-a', 'sync-b', 'sync-c', 'async'])
 def test_kill9_at_random_steps_resumes_identically(tmp_path, reference, seed, extra):
     kills = sorted(random.Random(seed).sample(range(2, STEPS), 2))
     for k in kills:
         p = launch(tmp_path, *extra)
         wait_for(lambda: any(s['step'] >= k for s in steps(tmp_path)), p, what=f'step {k}')
-        os.killpg(p.pid, signal.SIGKILL); p.wait()
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
     assert finish(launch(tmp_path, *extra)) == 0, console(tmp_path)
     assert console(tmp_path).count('resumed from') >= 1, console(tmp_path)
     assert_same_curve(tmp_path, reference)
@@ -85,7 +98,8 @@ import runpy, sys, time
 import nxpretrain.train.checkpoint as ck
 finish = ck._finish
 def paused(d, *args, **kwargs):
-    if ck.checkpoint_step(d) == 6: time.sleep(60)   # step 6: every shard is on disk, the marker is not; the test kills us here
+    # step 6: every shard is on disk, the marker is not; the test kills us here
+    if ck.checkpoint_step(d) == 6: time.sleep(60)
     return finish(d, *args, **kwargs)
 ck._finish = paused
 runpy.run_module('nxpretrain.train.entry', run_name='__main__', alter_sys=True)
@@ -99,7 +113,8 @@ def test_kill9_during_save_keeps_previous_checkpoint(tmp_path, reference):
     ck = tmp_path / RUN / 'checkpoints'
     p = launch(tmp_path, script=script)
     wait_for(lambda: (ck / 'step_6' / '.done_rank0.json').exists(), p, what='the shards of step 6')
-    os.killpg(p.pid, signal.SIGKILL); p.wait()
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
     assert not (ck / 'step_6' / MARKER).exists()
     assert latest_checkpoint(ck, log=lambda m: None).name == 'step_4'
     assert finish(launch(tmp_path)) == 0, console(tmp_path)
@@ -112,7 +127,9 @@ def test_corrupted_checkpoint_is_named_and_skipped(tmp_path, reference):
     assert finish(launch(tmp_path)) == 0, console(tmp_path)
     ck = tmp_path / RUN / 'checkpoints'
     shard = next((ck / f'step_{STEPS}').glob('__0_*.distcp'))
-    b = bytearray(shard.read_bytes()); b[len(b) // 2] ^= 0x01; shard.write_bytes(bytes(b))
+    b = bytearray(shard.read_bytes())
+    b[len(b) // 2] ^= 0x01
+    shard.write_bytes(bytes(b))
     assert finish(launch(tmp_path)) == 0, console(tmp_path)  # the newest checkpoint is bad: redo the last two steps
     c = console(tmp_path)
     assert f'{shard}: CRC-32C mismatch' in c and 'resumed from ' + str(ck / f'step_{STEPS - 2}') in c, c
@@ -127,7 +144,8 @@ def test_explicit_bad_checkpoint_is_an_error(tmp_path):
 
 
 def test_sigterm_under_torchrun_saves_and_resumes(tmp_path):
-    "DP 2 under torchrun: SIGTERM → every rank finishes the step, one checkpoint, exit status 75; the requeued run continues identically."
+    """DP 2 under torchrun: SIGTERM → every rank finishes the step, one checkpoint, exit status 75; the requeued run
+    continues identically."""
     from nxpretrain.train.entry import exit_status, EXIT_REQUEUE
     ref_dir, out = tmp_path / 'ref', tmp_path / 'run'
     assert finish(launch(ref_dir, torchrun=2)) == 0, console(ref_dir)

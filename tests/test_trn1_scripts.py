@@ -23,22 +23,22 @@ NXDT_ENV = [
 ]
 # variables NxDT's orchestrator derives from the YAML (precision, compiler flags) and does not overwrite once set:
 # exporting them in train.sh would override the YAML, so they must not appear
-LEFT_TO_NXDT = [('XLA_USE_BF16', NXDT + 'training_orchestrator.py:104-131'), ('XLA_DOWNCAST_BF16', NXDT + 'training_orchestrator.py:104-131'),
+LEFT_TO_NXDT = [('XLA_USE_BF16', NXDT + 'training_orchestrator.py:104-131'),
+                ('XLA_DOWNCAST_BF16', NXDT + 'training_orchestrator.py:104-131'),
                 ('NEURON_RT_STOCHASTIC_ROUNDING_EN', NXDT + 'training_orchestrator.py:104-131'),
                 ('NEURON_CC_FLAGS', NXDT + 'training_orchestrator.py:44 (appends compiler_flags)'),
                 ('NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS', NXDT + 'training_orchestrator.py:41'),
-                ('BUCKET_CAP_MB', NXDT + 'training_orchestrator.py:42'), ('NEURON_RT_EXEC_TIMEOUT', NXDT + 'training_orchestrator.py:45'),
+                ('BUCKET_CAP_MB', NXDT + 'training_orchestrator.py:42'),
+                ('NEURON_RT_EXEC_TIMEOUT', NXDT + 'training_orchestrator.py:45'),
                 ('NEURON_FUSE_SOFTMAX', NXDT + 'training_orchestrator.py:35-36')]
 # (torchrun argument, value on node 3 of 16, source)
-TORCHRUN = [
-    ('--nproc_per_node', '32', NXDT + "train.sh:10-11,16 (the YAML's trainer.devices)"),
-    ('--nnodes', '16', NXDT + 'train.sh:16 ($NTASKS = $SLURM_NTASKS, one task per node)'),
-    ('--node_rank', '3', NXDT + 'train.sh:16 ($NODEID = $SLURM_NODEID)'),
-    ('--master_addr', 'trn-node-1', NXDT + 'train_setup.sh:63 (first host of the allocation)'),
-    ('--master_port', '41000', NXDT + 'train_setup.sh:64'),
-    ('--config-path', '<export>/conf', NXDT + 'train.sh:25'),
-    ('--config-name', '<recipe>_config', NXDT + 'train.sh:26'),
-]
+TORCHRUN = [('--nproc_per_node', '32', NXDT + "train.sh:10-11,16 (the YAML's trainer.devices)"),
+            ('--nnodes', '16', NXDT + 'train.sh:16 ($NTASKS = $SLURM_NTASKS, one task per node)'),
+            ('--node_rank', '3', NXDT + 'train.sh:16 ($NODEID = $SLURM_NODEID)'),
+            ('--master_addr', 'trn-node-1', NXDT + 'train_setup.sh:63 (first host of the allocation)'),
+            ('--master_port', '41000', NXDT + 'train_setup.sh:64'),
+            ('--config-path', '<export>/conf', NXDT + 'train.sh:25'),
+            ('--config-name', '<recipe>_config', NXDT + 'train.sh:26')]
 SBATCH = [('--exclusive', None, 'seed 4: sbatch --exclusive'), ('--nodes', '16', 'seed 4: --nodes 16'),
           ('--cpus-per-task', '128', 'seed 4: --cpus-per-task 128')]
 
@@ -58,15 +58,19 @@ def run(tmp_path_factory):
 
 def _node3(d: Path, compile_: str) -> list[str]:
     "train.sh as node 3 of a 16-node Slurm job runs it, with stand-ins for scontrol, torchrun, neuron_parallel_compile."
-    bin_ = d / 'bin'; bin_.mkdir(exist_ok=True); (bin_ / 'examples').mkdir(exist_ok=True)
+    bin_ = d / 'bin'
+    bin_.mkdir(exist_ok=True)
+    (bin_ / 'examples').mkdir(exist_ok=True)
     tools = {'scontrol': 'printf "trn-node-1\\ntrn-node-2\\n"', 'torchrun': 'echo "torchrun $*" >> "$ARGV_LOG"',
              'neuron_parallel_compile': 'echo "neuron_parallel_compile" >> "$ARGV_LOG"; exec "$@"'}
     for name, body in tools.items():
-        (bin_ / name).write_text(f'#!/bin/sh\n{body}\n'); (bin_ / name).chmod(0o755)
+        (bin_ / name).write_text(f'#!/bin/sh\n{body}\n')
+        (bin_ / name).chmod(0o755)
     log = d / f'argv{compile_}'
     log.unlink(missing_ok=True)
-    env = {**os.environ, 'PATH': f"{bin_}:{os.environ['PATH']}", 'ARGV_LOG': str(log), 'NXDT_EXAMPLES': str(bin_ / 'examples'),
-           'COMPILE': compile_, 'SLURM_JOB_NODELIST': 'trn-node-[1-16]', 'SLURM_NNODES': '16', 'SLURM_NODEID': '3', 'SLURM_JOB_ID': '77'}
+    env = {**os.environ, 'PATH': f"{bin_}:{os.environ['PATH']}", 'ARGV_LOG': str(log),
+           'NXDT_EXAMPLES': str(bin_ / 'examples'), 'COMPILE': compile_, 'SLURM_JOB_NODELIST': 'trn-node-[1-16]',
+           'SLURM_NNODES': '16', 'SLURM_NODEID': '3', 'SLURM_JOB_ID': '77'}
     subprocess.run([str(d / 'run/train.sh')], env=env, check=True, capture_output=True)
     return log.read_text().splitlines()
 
@@ -76,7 +80,9 @@ def test_train_sh_environment_is_nxdts(run):
     exported = exports_of((d / 'run/train.sh').read_text())
     want = {k: v for k, v, _ in NXDT_ENV}
     want['NEURON_COMPILE_CACHE_URL'] = '${NEURON_COMPILE_CACHE_URL:-' + cfg['compiler_cache_url'] + '}'
-    assert exported == want, {k: (exported.get(k), want.get(k)) for k in set(exported) | set(want) if exported.get(k) != want.get(k)}
+    assert exported == want, {
+        k: (exported.get(k), want.get(k)) for k in set(exported) | set(want) if exported.get(k) != want.get(k)
+    }
     for var, source in LEFT_TO_NXDT: assert var not in exported, (var, source)
 
 
@@ -111,21 +117,28 @@ SEED3 = 'seed 3: aws-neuron-samples torch-neuronx/training/dp_bert_hf_pretrain/'
 SEED3_ENV = [
     ('NEURON_RT_EXEC_TIMEOUT', '600', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:7'),
     ('NEURON_RT_STOCHASTIC_ROUNDING_SEED', '0', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:8'),
-    ('TF_GRPC_DEFAULT_OPTIONS', 'grpc.keepalive_time_ms=60000,grpc.keepalive_timeout_ms=14400000,grpc.http2.max_pings_without_data=0,'
-                                'grpc.http2.min_ping_interval_without_data_ms=600000', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:9'),
+    (
+        'TF_GRPC_DEFAULT_OPTIONS',
+        'grpc.keepalive_time_ms=60000,grpc.keepalive_timeout_ms=14400000,grpc.http2.max_pings_without_data=0,'
+        'grpc.http2.min_ping_interval_without_data_ms=600000',
+        SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:9',
+    ),
     ('FI_EFA_USE_DEVICE_RDMA', '1', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:67'),
     ('FI_PROVIDER', 'efa', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:68'),
     ('FI_EFA_FORK_SAFE', '1', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:69'),
     ('BUCKET_CAP_MB', '512', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:70'),
     ('XLA_TRANSFER_SEED_ASYNC', '1', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:71'),
-    ('NEURON_CC_FLAGS', '"${NEURON_CC_FLAGS:-} --model-type=transformer --retry_failed_compilation"', SEED3 + 'dp_bert_large_hf_pretrain_hdf5.py:80 (appends)'),
-    ('NEURON_COMPILE_CACHE_URL', '<shared cache>', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:81 (used when set)'),
+    ('NEURON_CC_FLAGS', '"${NEURON_CC_FLAGS:-} --model-type=transformer --retry_failed_compilation"',
+     SEED3 + 'dp_bert_large_hf_pretrain_hdf5.py:80 (appends)'),
+    ('NEURON_COMPILE_CACHE_URL', '<shared cache>',
+     SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:81 (used when set)'),
 ]
 SEED3_TORCHRUN = [
     ('--nproc_per_node', '32', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:56,77 (32 NeuronCores)'),
     ('--nnodes', '16', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:72,77 ($SLURM_NTASKS)'),
     ('--node_rank', '3', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:73,77 ($SLURM_NODEID)'),
-    ('--master_addr', 'trn-node-1', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:74 (first host of the allocation)'),
+    ('--master_addr', 'trn-node-1', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:74 (first host of the '
+                                            'allocation)'),
     ('--master_port', '2022', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:75'),
 ]
 
@@ -142,21 +155,27 @@ def test_bert_run_script_environment_is_seed3s(bert):
     exported = exports_of((d / 'run/run_xla.sh').read_text())
     want = {k: v for k, v, _ in SEED3_ENV}
     want['NEURON_COMPILE_CACHE_URL'] = '${NEURON_COMPILE_CACHE_URL:-' + str(d / 'cache') + '}'
-    assert exported == want, {k: (exported.get(k), want.get(k)) for k in set(exported) | set(want) if exported.get(k) != want.get(k)}
+    assert exported == want, {
+        k: (exported.get(k), want.get(k)) for k in set(exported) | set(want) if exported.get(k) != want.get(k)
+    }
     assert not (d / 'run/conf').exists()                       # no NxD Training config for BERT
 
 
 def test_bert_torchrun_and_compile_are_seed3s(bert):
     d, jobs = bert
-    bin_ = d / 'bin'; bin_.mkdir(exist_ok=True)
+    bin_ = d / 'bin'
+    bin_.mkdir(exist_ok=True)
     for name, body in {'scontrol': 'printf "trn-node-1\\ntrn-node-2\\n"'}.items():
-        (bin_ / name).write_text(f'#!/bin/sh\n{body}\n'); (bin_ / name).chmod(0o755)
+        (bin_ / name).write_text(f'#!/bin/sh\n{body}\n')
+        (bin_ / name).chmod(0o755)
     script = (d / 'run/run_xla.sh').read_text()
     python = script.split(' -m torch.distributed.run')[0].rsplit('\n', 1)[1]
     (d / 'run/run_xla.sh').write_text(script.replace(python + ' -m torch.distributed.run', 'echo torchrun'))
-    env = {**os.environ, 'PATH': f"{bin_}:{os.environ['PATH']}", 'SLURM_JOB_NODELIST': 'trn-node-[1-16]', 'SLURM_NTASKS': '16',
-           'SLURM_NODEID': '3'}
-    out = subprocess.run([str(d / 'run/run_xla.sh')], env=env, check=True, capture_output=True, text=True).stdout.split()
+    env = {**os.environ, 'PATH': f"{bin_}:{os.environ['PATH']}", 'SLURM_JOB_NODELIST': 'trn-node-[1-16]',
+           'SLURM_NTASKS': '16', 'SLURM_NODEID': '3'}
+    out = subprocess.run(
+        [str(d / 'run/run_xla.sh')], env=env, check=True, capture_output=True, text=True
+    ).stdout.split()
     for arg, value, source in SEED3_TORCHRUN: assert out[out.index(arg) + 1] == value, (arg, source, out)
     assert out[out.index('-m') + 1:out.index('-m') + 3] == ['nxpretrain.train.xla', '--xla']
     # seed 3: sbatch --exclusive --nodes=16 --wrap "srun neuron_parallel_compile ./run...sh", then the same without it

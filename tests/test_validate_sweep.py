@@ -20,8 +20,9 @@ def layouts():
 
 def layout_recipe(r, tp, pp, cp, dp, sp, vpp, kind):
     world = tp * pp * cp * dp
-    overrides = [f'parallel.tp={tp}', f'parallel.pp={pp}', f'parallel.cp={cp}', f'parallel.sequence_parallel={str(sp).lower()}',
-                 f'parallel.virtual_pp={vpp}', f"parallel.pp_schedule={'interleaved' if vpp > 1 else '1f1b'}",
+    overrides = [f'parallel.tp={tp}', f'parallel.pp={pp}', f'parallel.cp={cp}',
+                 f'parallel.sequence_parallel={str(sp).lower()}', f'parallel.virtual_pp={vpp}',
+                 f"parallel.pp_schedule={'interleaved' if vpp > 1 else '1f1b'}",
                  f"parallel.fsdp={str(kind == 'fsdp').lower()}", f"parallel.zero1={str(kind == 'zero1').lower()}",
                  'parallel.kv_replicator=1', 'parallel.dp=-1', 'cluster.profile=local', 'cluster.nodes=1']
     if r.parallel.pp_cuts: overrides.append('parallel.pp_cuts=[]')

@@ -57,7 +57,9 @@ def parameters_table(src: str) -> str:
         else: continue
         said = [comments[i] for i in range(node.lineno, node.end_lineno + 1) if i in comments]
         nxt = node.end_lineno + 1   # comment-only lines below continue it
-        while nxt in comments and not lines[nxt - 1].split('#')[0].strip(): said.append(comments[nxt]); nxt += 1
+        while nxt in comments and not lines[nxt - 1].split('#')[0].strip():
+            said.append(comments[nxt])
+            nxt += 1
         cell = lambda t: t.replace('|', '\\|').replace('<', '&lt;')
         rows.append(f"| `{name}` | `{kind}` | `{cell(ast.unparse(node.value))}` | {cell(' '.join(said))} |")
     return '| parameter | type | default | meaning |\n| --- | --- | --- | --- |\n' + '\n'.join(rows) + '\n'
@@ -167,7 +169,9 @@ def dead_links(site: Path, base: str = '/') -> list[str]:
             if path.startswith('/'): target = site / path[len(base):] if path.startswith(base) else site / '__outside__'
             else: target = (page.parent / path) if path else page
             if target.is_dir(): target = target / 'index.html'
-            if not target.exists() or (u.fragment and target.suffix == '.html' and unquote(u.fragment) not in ids(target)):
+            if not target.exists() or (
+                u.fragment and target.suffix == '.html' and unquote(u.fragment) not in ids(target)
+            ):
                 dead.append(f'{page.relative_to(site)}: {href}')
     return dead
 
@@ -181,13 +185,31 @@ def site_config(pages: dict[str, list[tuple[str, str]]], cfg: dict) -> dict:
     "mkdocs.yml for the staged notebooks: material theme with no web fonts, search, notebooks as pages."
     nav = [{'Home': 'index.ipynb'}] if 'Home' in pages else []
     nav += [{section: [{t: f} for t, f in items]} for section, items in pages.items() if section != 'Home']
-    return {'site_name': cfg.get('title', 'docs'), 'site_url': site_url(cfg), 'site_description': cfg.get('description', ''),
-            'repo_url': cfg.get('git_url', ''), 'docs_dir': 'src', 'use_directory_urls': False,
-            'theme': {'name': 'material', 'font': False, 'features': ['navigation.sections', 'search.highlight']},
-            'plugins': ['search', {'mkdocs-jupyter': {'include_source': True, 'execute': False, 'include': ['*.ipynb'],
-                                                      'include_requirejs': False, 'no_prompt': True, 'cache': True,
-                                                      'cache_dir': str(EXEC / 'mkdocs-jupyter')}}],
-            'markdown_extensions': ['tables', 'admonition', 'pymdownx.superfences'], 'nav': nav}
+    return {
+        'site_name': cfg.get('title', 'docs'),
+        'site_url': site_url(cfg),
+        'site_description': cfg.get('description', ''),
+        'repo_url': cfg.get('git_url', ''),
+        'docs_dir': 'src',
+        'use_directory_urls': False,
+        'theme': {'name': 'material', 'font': False, 'features': ['navigation.sections', 'search.highlight']},
+        'plugins': [
+            'search',
+            {
+                'mkdocs-jupyter': {
+                    'include_source': True,
+                    'execute': False,
+                    'include': ['*.ipynb'],
+                    'include_requirejs': False,
+                    'no_prompt': True,
+                    'cache': True,
+                    'cache_dir': str(EXEC / 'mkdocs-jupyter'),
+                }
+            },
+        ],
+        'markdown_extensions': ['tables', 'admonition', 'pymdownx.superfences'],
+        'nav': nav,
+    }
 
 
 def site_url(cfg: dict) -> str:
@@ -210,15 +232,24 @@ def nbdev_config() -> dict:
 EXEC = ROOT / '_exec'   # executed notebooks, keyed by the notebook's and the package's content (git-ignored)
 # The stage notebooks run through papermill, in this order, in one working folder (so 05 and 06 find 04's run),
 # with these parameters: CPU recipes, a short run.
-STAGE_PARAMS = {'00_setup.ipynb': {'recipes': 'all'}, '01_data.ipynb': {'corpus': 'demo'}, '02_plan.ipynb': {'model': 'gpt3_23b'},
-                '03_compile.ipynb': {'model': 'gpt3_tiny'}, '04_train.ipynb': {'model': 'gpt3_tiny', 'max_steps': 30,
-                                   'overrides': 'trainer.log_every=5 trainer.eval_every=15 trainer.save_every=30'},
-                '05_monitor.ipynb': {'model': 'gpt3_tiny'}, '06_evaluate.ipynb': {'model': 'gpt3_tiny'}}
+STAGE_PARAMS = {
+    '00_setup.ipynb': {'recipes': 'all'},
+    '01_data.ipynb': {'corpus': 'demo'},
+    '02_plan.ipynb': {'model': 'gpt3_23b'},
+    '03_compile.ipynb': {'model': 'gpt3_tiny'},
+    '04_train.ipynb': {
+        'model': 'gpt3_tiny',
+        'max_steps': 30,
+        'overrides': 'trainer.log_every=5 trainer.eval_every=15 trainer.save_every=30',
+    },
+    '05_monitor.ipynb': {'model': 'gpt3_tiny'},
+    '06_evaluate.ipynb': {'model': 'gpt3_tiny'},
+}
 
 # A second run of a stage, shown at the end of its page: {notebook: (heading, what it shows, parameters)}.
 STAGE_EXTRA = {'04_train.ipynb': ('The same stage for a cluster recipe',
-                                  'With `-p model gpt3_23b` and no cluster, the stage plans the job, writes it and stops: '
-                                  'the exact job it would submit (here an NxD Training job for 4 trn1 nodes).',
+                                  'With `-p model gpt3_23b` and no cluster, the stage plans the job, writes it and '
+                                  'stops: the exact job it would submit (here an NxD Training job for 4 trn1 nodes).',
                                   {'model': 'gpt3_23b'})}
 
 
@@ -227,14 +258,17 @@ def package_key() -> str:
     import hashlib
     h = hashlib.sha256()
     for f in sorted((ROOT / 'nxpretrain').rglob('*.py')):
-        h.update(str(f.relative_to(ROOT)).encode()); h.update(f.read_bytes())
+        h.update(str(f.relative_to(ROOT)).encode())
+        h.update(f.read_bytes())
     return h.hexdigest()
 
 
 def content_key(*parts) -> str:
     import hashlib
     h = hashlib.sha256()
-    for p in parts: h.update(p if isinstance(p, bytes) else json.dumps(p, sort_keys=True).encode()); h.update(b'\0')
+    for p in parts:
+        h.update(p if isinstance(p, bytes) else json.dumps(p, sort_keys=True).encode())
+        h.update(b'\0')
     return h.hexdigest()[:20]
 
 
@@ -252,7 +286,8 @@ def _execute_api(job) -> str | None:
     import tempfile
     with tempfile.TemporaryFile() as said:   # what subprocesses print past the shell: shown only if the notebook fails
         saved = os.dup(1), os.dup(2)
-        os.dup2(said.fileno(), 1); os.dup2(said.fileno(), 2)
+        os.dup2(said.fileno(), 1)
+        os.dup2(said.fileno(), 2)
         try:
             with working_directory(src.parent):
                 k.run_all(nb, exc_stop=True, preproc=_skip_cell(nb, skip_flags), cell_timeout=600)
@@ -261,7 +296,8 @@ def _execute_api(job) -> str | None:
             import traceback
             error = k.prettytb(fname=src) or traceback.format_exc()
         finally:
-            os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
             for fd in saved: os.close(fd)
         if error:
             said.seek(0)
@@ -325,14 +361,17 @@ def execute_stages(sources: list[Path], log=print) -> dict[Path, Path]:
         env.pop('IN_TEST', None)
         def run(src: Path, out: Path, params: dict):
             t, saved = time.perf_counter(), dict(os.environ)
-            os.environ.clear(); os.environ.update(env)
+            os.environ.clear()
+            os.environ.update(env)
             try:
                 pm.execute_notebook(str(src), str(out), parameters=params, cwd=str(work), kernel_name='python3',
                                     progress_bar=False, log_output=False, kernel_manager_class=IPCKernelManager)
             except Exception as e:
-                fail(f'{src.relative_to(ROOT)} failed under papermill with {params} (its output: {out}):\n{str(e)[-3000:]}')
+                fail(f'{src.relative_to(ROOT)} failed under papermill with {params} (its output: '
+                     f'{out}):\n{str(e)[-3000:]}')
             finally:
-                os.environ.clear(); os.environ.update(saved)
+                os.environ.clear()
+                os.environ.update(saved)
             log(f'docs: executed {src.relative_to(ROOT)} with {params} in {time.perf_counter() - t:.1f} s')
         for src in stages:
             run(src, dest / src.name, STAGE_PARAMS[src.name])
@@ -345,7 +384,8 @@ def execute_stages(sources: list[Path], log=print) -> dict[Path, Path]:
 
 
 def append_run(page: Path, extra: Path, title: str, said: str) -> None:
-    "Append to executed notebook `page` the cells of `extra` (the same notebook run with other parameters) that show something."
+    """Append to executed notebook `page` the cells of `extra` (the same notebook run with other parameters) that show
+    something."""
     nb, more = json.loads(page.read_text()), json.loads(extra.read_text())
     tags = lambda c: c.get('metadata', {}).get('tags', [])
     start = next((i for i, c in enumerate(more['cells']) if 'injected-parameters' in tags(c)), 0)
@@ -386,8 +426,8 @@ def executed_tree(nbs: Path, workers: int, log=print) -> Path:
 
 
 def class_renderer(base):
-    """nbdev's show_doc renderer `base`, showing a class as a class: `class Name(…)` with its constructor's arguments, its
-    docstring, then each public method (signature and docstring) and property defined in its body."""
+    """nbdev's show_doc renderer `base`, showing a class as a class: `class Name(…)` with its constructor's arguments,
+    its docstring, then each public method (signature and docstring) and property defined in its body."""
     import inspect
 
     class ClassRenderer(base):
@@ -401,7 +441,9 @@ def class_renderer(base):
                 if attr.startswith('_'): continue
                 if isinstance(member, property):
                     doc = inspect.getdoc(member) or ''
-                    md += f"\n\n{'#' * (self.title_level + 1)} {name}.{attr}\n\n*property*" + (f" – *{doc}*" if doc else '')
+                    md += f"\n\n{'#' * (self.title_level + 1)} {name}.{attr}\n\n*property*" + (
+                        f" – *{doc}*" if doc else ''
+                    )
                     continue
                 fn = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
                 if not inspect.isfunction(fn): continue
@@ -421,15 +463,16 @@ def render_notebook(job):
 
 
 def process(nbs: Path, workers: int, cache: Path) -> tuple[Path, dict]:
-    """nbdev's show_doc rendering of every notebook into _proc/ (like nbdev-proc-nbs, which would try to install Quarto).
-    Returns the folder and {notebook: error} for those nbdev could not render."""
+    """nbdev's show_doc rendering of every notebook into _proc/ (like nbdev-proc-nbs, which would try to install
+    Quarto). Returns the folder and {notebook: error} for those nbdev could not render."""
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
     from nbdev.serve import _proc_file
     # Render this checkout's package, not another one an editable install points to (the workers inherit the variable).
     os.environ['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get('PYTHONPATH')]))
     sys.path.insert(0, str(ROOT))
-    jobs = [j for src in notebooks(nbs) if (j := _proc_file(src, cache, nbs))]  # skips notebooks rendered since their last edit
+    # skips notebooks rendered since their last edit
+    jobs = [j for src in notebooks(nbs) if (j := _proc_file(src, cache, nbs))]
     render = sys.modules[__name__].render_notebook if __name__ != '__main__' else __import__('docs').render_notebook
     errors = {}
     with ProcessPoolExecutor(max(1, workers), mp_context=multiprocessing.get_context('spawn')) as pool:
@@ -463,7 +506,9 @@ def build(out: Path, workers: int = 2, execute: bool = True) -> Path:
         if done is not None and not done.exists():
             errors[src] = f'nbdev left no rendering in {done}'
             done = None
-        try: nb = plain_notebook(json.loads(done.read_text()) if done else source_notebook(json.loads(src.read_text())), src)
+        try:
+            nb = plain_notebook(json.loads(done.read_text()) if done else source_notebook(json.loads(src.read_text())),
+                                src)
         except (ValueError, KeyError) as e: fail(f'{src.relative_to(ROOT)}: cannot read the notebook ({e})')
         dest = STAGING / 'src' / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -472,13 +517,18 @@ def build(out: Path, workers: int = 2, execute: bool = True) -> Path:
     import yaml
     (STAGING / 'mkdocs.yml').write_text(yaml.safe_dump(site_config(pages, nbdev_config()), sort_keys=False))
     out = out if out.is_absolute() else ROOT / out
-    r = subprocess.run([sys.executable, '-m', 'mkdocs', 'build', '--clean', '-f', str(STAGING / 'mkdocs.yml'),
-                        '-d', str(out)], cwd=STAGING, capture_output=True, text=True,
-                       env=dict(os.environ, NO_MKDOCS_2_WARNING='1'))   # the theme's end-of-life notice, not about this site
+    r = subprocess.run(
+        [sys.executable, '-m', 'mkdocs', 'build', '--clean', '-f', str(STAGING / 'mkdocs.yml'), '-d', str(out)],
+        cwd=STAGING,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING='1'),
+    )  # the theme's end-of-life notice, not about this site
     if r.returncode: fail(f'mkdocs build failed:\n{r.stderr or r.stdout}')
     said = [ln for ln in (r.stderr + r.stdout).splitlines() if not re.match(r'INFO\s', ln) and ln.strip()]
     if said: fail('mkdocs warned (fix the notebook it names):\n' + '\n'.join(said))
-    missing = [str(rel) for _, items in pages.items() for _, rel in items if not (out / Path(rel).with_suffix('.html')).exists()]
+    missing = [str(rel) for _, items in pages.items() for _,
+               rel in items if not (out / Path(rel).with_suffix('.html')).exists()]
     if missing: fail(f'pages missing from {out}: {", ".join(missing)}')
     for _, items in pages.items():
         for _, rel in items: match_toc_ids(out / Path(rel).with_suffix('.html'), STAGING / 'src' / rel)
@@ -487,18 +537,19 @@ def build(out: Path, workers: int = 2, execute: bool = True) -> Path:
         fail(f'{len(dead)} dead internal link(s):\n' + '\n'.join(dead[:50]))
     if errors:
         for src, err in errors.items():
-            print(f'docs: {src.relative_to(ROOT)}: nbdev could not render its API reference; the page shows the notebook '
-                  f'without it.\n{err}\n', file=sys.stderr)
-        fail(f'{len(errors)} notebook(s) failed to render: {", ".join(str(p.relative_to(ROOT)) for p in errors)}. nbdev runs '
-             'their import, export and show_doc cells while rendering (not the others): a cell that mixes imports with '
-             'other code runs without the cells before it – put imports in a cell of their own.')
-    print(f'docs: {sum(map(len, pages.values()))} pages from {len(sources)} notebooks → {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} '
-          f'in {time.perf_counter() - t0:.1f} s')
+            print(f'docs: {src.relative_to(ROOT)}: nbdev could not render its API reference; the page shows the '
+                  f'notebook without it.\n{err}\n', file=sys.stderr)
+        fail(f'{len(errors)} notebook(s) failed to render: {", ".join(str(p.relative_to(ROOT)) for p in errors)}. '
+             'nbdev runs their import, export and show_doc cells while rendering (not the others): a cell that mixes '
+             'imports with other code runs without the cells before it – put imports in a cell of their own.')
+    print(f'docs: {sum(map(len, pages.values()))} pages from {len(sources)} notebooks → '
+          f'{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} in {time.perf_counter() - t0:.1f} s')
     return out
 
 
 def readme_text(index: Path) -> str:
-    "README.md from nbs/index.ipynb: Markdown cells as they are, code cells as fenced Python, text outputs as plain blocks."
+    """README.md from nbs/index.ipynb: Markdown cells as they are, code cells as fenced Python, text outputs as plain
+    blocks."""
     nb, parts = json.loads(index.read_text()), []
     for c in nb['cells']:
         src = ''.join(c['source']).strip('\n')
@@ -507,8 +558,11 @@ def readme_text(index: Path) -> str:
             if re.search(r'^#\|\s*(hide|include:\s*false)', src, re.M): continue
             code = DIRECTIVE.sub('', src).strip('\n')
             if code: parts.append(f'```python\n{code}\n```')
-            text = ''.join(''.join(o.get('text', '') or o.get('data', {}).get('text/plain', '')) for o in c.get('outputs', [])
-                           if o.get('output_type') in ('stream', 'execute_result'))
+            text = ''.join(
+                ''.join(o.get('text', '') or o.get('data', {}).get('text/plain', ''))
+                for o in c.get('outputs', [])
+                if o.get('output_type') in ('stream', 'execute_result')
+            )
             if text.strip(): parts.append(f'```\n{text.rstrip()}\n```')
     return '<!-- Generated from nbs/index.ipynb by tools/docs.py readme: edit the notebook, not this file. -->\n\n' + \
         '\n\n'.join(parts) + '\n'

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the tests need, then run every test (the CI gate). Idempotent: a second run installs nothing new.
 #
-#   bash tools/test.sh
+#   bash tools/test.sh                  # install, then every step of the gate
+#   bash tools/test.sh clean sync       # install, then only those steps (see tools/ci_gate.sh)
 #
 # 1. Debian packages through apt-get (Chromium and its driver for the docs and browser tests, git, fonts), only those missing.
 # 2. Debian's Slurm and munge through tools/slurm/install.sh (apt-get); the Slurm tests start their own clusters.
@@ -50,6 +51,6 @@ echo "torch $(python3 -c 'import importlib.metadata as m; print(m.version("torch
 echo "set-up took $((SECONDS - started)) s"
 
 rc=0
-bash tools/ci_gate.sh || rc=$?
+bash tools/ci_gate.sh "$@" || rc=$?
 echo "tools/test.sh: $((SECONDS - started)) s in all"
 exit $rc

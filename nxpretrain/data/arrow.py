@@ -30,18 +30,25 @@ def _blocks(ds: IndexedDataset, seq_len: int, batch: int):
             out.extend(carry[:n * seq_len].reshape(n, seq_len))
             carry = carry[n * seq_len:]
         if len(out) >= batch:
-            yield np.stack(out); out = []
+            yield np.stack(out)
+            out = []
     if out: yield np.stack(out)
 
 def write_arrow_blocks(prefix, seq_len: int, out=None, batch: int = 256, progress: bool = True) -> Path:
-    "Save `.bin/.idx` `prefix` as `seq_len`-token blocks (input_ids, attention_mask, labels) for `datasets.load_from_disk`."
+    """Save `.bin/.idx` `prefix` as `seq_len`-token blocks (input_ids, attention_mask, labels) for
+    `datasets.load_from_disk`."""
     try: import datasets, pyarrow as pa
-    except ImportError: raise DataError("writing Arrow blocks needs `datasets`: pip install 'nxpretrain[remote]'") from None
+    except ImportError:
+        raise DataError("writing Arrow blocks needs `datasets`: pip install 'nxpretrain[remote]'") from None
     ds = IndexedDataset(prefix)
     n_blocks = ds.num_tokens // seq_len
-    if n_blocks == 0: raise DataError(f"{prefix}: {ds.num_tokens} tokens make no block of {seq_len}; use a larger corpus or a shorter model.seq_len")
+    if n_blocks == 0:
+        raise DataError(f"{prefix}: {ds.num_tokens} tokens make no block of {seq_len}; use a larger corpus or a "
+                        "shorter model.seq_len")
     out = Path(out) if out else arrow_dir(prefix, seq_len)
-    features = datasets.Features({k: datasets.Sequence(datasets.Value('int64')) for k in ('input_ids', 'attention_mask', 'labels')})
+    features = datasets.Features(
+        {k: datasets.Sequence(datasets.Value('int64')) for k in ('input_ids', 'attention_mask', 'labels')}
+    )
     def rows():
         bar = tqdm(total=n_blocks, desc=f"blocks of {seq_len}", unit='block', disable=not progress)
         for b in _blocks(ds, seq_len, batch):
@@ -61,7 +68,9 @@ def write_arrow_blocks(prefix, seq_len: int, out=None, batch: int = 256, progres
 def main(argv=None):
     import argparse
     ap = argparse.ArgumentParser(prog='python -m nxpretrain.data.arrow', description=write_arrow_blocks.__doc__)
-    ap.add_argument('prefix'); ap.add_argument('seq_len', type=int); ap.add_argument('--out', default=None)
+    ap.add_argument('prefix')
+    ap.add_argument('seq_len', type=int)
+    ap.add_argument('--out', default=None)
     a = ap.parse_args(argv)
     print(write_arrow_blocks(a.prefix, a.seq_len, a.out))
 

@@ -15,10 +15,12 @@ __all__ = ['build_model']
 
 # %% ../../nbs/api/20_models.ipynb #4e24afa9
 def build_model(cfg: ModelConfig, vocab_size: int | None = None, seed: int = 0) -> nn.Module:
-    "The model of `cfg.arch`'s family with its `vocab_size` (default `padded_vocab(cfg)`), on the current device, initialised from `seed`."
+    """The model of `cfg.arch`'s family with its `vocab_size` (default `padded_vocab(cfg)`), on the current device,
+    initialised from `seed`."""
     cls = family(cfg.arch).model_class()
     if vocab_size is not None and vocab_size < cfg.vocab_size:
-        raise RecipeError(f"vocab_size={vocab_size} is smaller than model.vocab_size={cfg.vocab_size}: pass padded_vocab(cfg, tp) or nothing")
+        raise RecipeError(f"vocab_size={vocab_size} is smaller than model.vocab_size={cfg.vocab_size}: pass "
+                          "padded_vocab(cfg, tp) or nothing")
     model = cls(cfg, vocab_size or padded_vocab(cfg))
     if seed: model.init_weights(seed)   # the constructor initialised it from seed 0
     return model

@@ -16,7 +16,8 @@ __all__ = ['causal_bias', 'DenseAttentionFunction', 'dense_attention', 'DenseAtt
 
 # %% ../../nbs/api/21b_dense_attention.ipynb #476e8231
 def causal_bias(S: int, K: int, dtype, device) -> torch.Tensor:
-    "Additive causal mask (S, K): 0 where query i may see key j, −inf after it (the queries are the last S of K positions)."
+    """Additive causal mask (S, K): 0 where query i may see key j, −inf after it (the queries are the last S of K
+    positions)."""
     return torch.full((S, K), float('-inf'), dtype=dtype, device=device).triu(K - S + 1)
 
 # %% ../../nbs/api/21b_dense_attention.ipynb #98dbe582
@@ -71,7 +72,8 @@ def dense_attention(q, k, v, causal: bool = True) -> torch.Tensor:
 
 # %% ../../nbs/api/21b_dense_attention.ipynb #ec2b56b3
 class DenseAttention(SDPA):
-    "Attention core: `dense_attention` for causal or full attention, torch's SDPA with a mask or with dropout in training."
+    """Attention core: `dense_attention` for causal or full attention, torch's SDPA with a mask or with dropout in
+    training."""
     def forward(self, q, k, v, causal: bool = True, mask=None):
         if mask is not None or (self.training and self.dropout > 0):
             return super().forward(q, k, v, causal, mask)

@@ -20,7 +20,8 @@ def use_ring_attention(part: nn.Module, cp_group):
 
 # %% ../../nbs/api/34d_context.ipynb #9a868b7b
 def add_positions_hook(part: nn.Module, cp: int, cp_rank: int, seq_factor: int):
-    "Make `part(x)` use the global positions of this CP rank's chunks; `seq_factor` = TP when `x` is a sequence-parallel hidden state."
+    """Make `part(x)` use the global positions of this CP rank's chunks; `seq_factor` = TP when `x` is a
+    sequence-parallel hidden state."""
     def hook(module, args, kwargs):
         if kwargs.get('positions') is not None or (len(args) > 1 and args[1] is not None): return None
         x = args[0]

@@ -140,7 +140,8 @@ class ChunkedHead(nn.Module):
 
 # %% ../../nbs/api/34a_loss.ipynb #e60f327f
 def lm_loss_sum(out, labels, ignore_index: int = IGNORE_INDEX, head: ChunkedHead | None = None):
-    "`token_loss_sum` of the model output `out`: logits, or with a `ChunkedHead` the hidden states that it turns into logits."
+    """`token_loss_sum` of the model output `out`: logits, or with a `ChunkedHead` the hidden states that it turns into
+    logits."""
     return token_loss_sum(out, labels, ignore_index) if head is None else head.loss_sum(out, labels, ignore_index)
 
 def pretraining_loss(out, labels, counts: LossCounts, nsp_labels=None, ignore_index: int = IGNORE_INDEX,

@@ -28,7 +28,8 @@ def pipeline_stages(n_layers: int, n_stages: int, cuts: list | None = None) -> l
 
 # %% ../../nbs/api/34b_pipeline.ipynb #4a55d576
 def split_stage(model: nn.Module, layers: list[int], first: bool, last: bool) -> nn.Module:
-    "A stage of `model` holding only the blocks `layers`; embeddings only if `first`, final norm and head only if `last`."
+    """A stage of `model` holding only the blocks `layers`; embeddings only if `first`, final norm and head only if
+    `last`."""
     stage = type(model).__new__(type(model))
     nn.Module.__init__(stage)   # its own hooks and tables
     for k, v in model.__dict__.items():

@@ -10,7 +10,8 @@ from torch.distributed.tensor.parallel import (parallelize_module, ColwiseParall
                                                PrepareModuleInput, PrepareModuleOutput)
 
 # %% auto #0
-__all__ = ['replicate_kv_heads', 'kv_replicated_params', 'sum_kv_replica_grads', 'unreplicate_kv', 'tp_plan', 'apply_tp']
+__all__ = ['replicate_kv_heads', 'kv_replicated_params', 'sum_kv_replica_grads', 'unreplicate_kv', 'tp_plan',
+           'apply_tp']
 
 # %% ../../nbs/api/34c_tensor.ipynb #2f16c591
 @torch.no_grad()
@@ -21,13 +22,16 @@ def replicate_kv_heads(model: nn.Module, k: int, head_dim: int):
         for lin in (block.attention.wk, block.attention.wv):
             w = lin.weight
             lin.weight = nn.Parameter(w.view(-1, head_dim, w.shape[1]).repeat_interleave(k, 0).reshape(-1, w.shape[1]))
-            if lin.bias is not None: lin.bias = nn.Parameter(lin.bias.view(-1, head_dim).repeat_interleave(k, 0).reshape(-1))
+            if lin.bias is not None:
+                lin.bias = nn.Parameter(lin.bias.view(-1, head_dim).repeat_interleave(k, 0).reshape(-1))
             lin.out_features, lin.kv_replicas = lin.weight.shape[0], (k, head_dim)
     return model
 
 def kv_replicated_params(module: nn.Module):
     "(parameter, k, head_dim) of every kv-replicated weight and bias under `module`."
-    return [(p, *m.kv_replicas) for m in module.modules() if hasattr(m, 'kv_replicas') for p in m.parameters(recurse=False)]
+    return [
+        (p, *m.kv_replicas) for m in module.modules() if hasattr(m, 'kv_replicas') for p in m.parameters(recurse=False)
+    ]
 
 def _full(t): return t.full_tensor() if isinstance(t, DTensor) else t
 
@@ -36,9 +40,13 @@ def sum_kv_replica_grads(module: nn.Module):
     "Give every K/V replica the sum of its replicas' gradients (the gradient of the head they copy)."
     for p, k, hd in kv_replicated_params(module):
         if p.grad is None: continue
-        g = _full(p.grad); shape = g.shape
+        g = _full(p.grad)
+        shape = g.shape
         s = g.reshape(-1, k, hd, *shape[1:]).sum(1, keepdim=True).expand(-1, k, hd, *shape[1:]).reshape(shape)
-        if isinstance(p.grad, DTensor): p.grad.to_local().copy_(distribute_tensor(s, p.grad.device_mesh, p.grad.placements, src_data_rank=None).to_local())
+        if isinstance(p.grad, DTensor):
+            p.grad.to_local().copy_(
+                distribute_tensor(s, p.grad.device_mesh, p.grad.placements, src_data_rank=None).to_local()
+            )
         else: p.grad.copy_(s)
 
 def unreplicate_kv(t: torch.Tensor, k: int, hd: int) -> torch.Tensor:
@@ -66,7 +74,8 @@ def tp_plan(part: nn.Module, sp: bool, linear_plan: dict) -> dict:
         plan[b + 'attention_norm'] = SequenceParallel()
         plan[b + 'ffn_norm'] = SequenceParallel()
         plan[b + 'attention'] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                                   desired_input_layouts=(Replicate(), None, None), use_local_output=True)
+                                                   desired_input_layouts=(Replicate(), None, None),
+                                                   use_local_output=True)
         plan[b + 'mlp'] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
                                              use_local_output=True)
     return plan

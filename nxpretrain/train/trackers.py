@@ -112,7 +112,8 @@ def _wandb_records(path) -> list[bytes]:
             pos += left
             continue
         chunk = data[pos + 7:pos + 7 + n]
-        if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xffffffff != crc: raise ValueError(f"{path}: bad checksum at {pos}")
+        if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xffffffff != crc:
+            raise ValueError(f"{path}: bad checksum at {pos}")
         pos += 7 + n
         part = chunk if kind in (1, 2) else part + chunk
         if kind in (1, 4): out.append(part)
