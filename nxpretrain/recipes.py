@@ -53,8 +53,9 @@ class ModelConfig:
     def positions(self): return self.max_position or self.seq_len
 
 # %% ../nbs/api/00_recipes.ipynb #8f95c11d
-# what selective recompute can name
-RecomputeKind = Literal['block', 'attention', 'mlp', 'core', 'attention_norm', 'ffn_norm']
+# what selective recompute can name: sub-modules of a block, and `casts` – the bf16 copies of the weights, cast again
+# in backward instead of kept for the step (nxpretrain.parallel.saved)
+RecomputeKind = Literal['block', 'attention', 'mlp', 'core', 'attention_norm', 'ffn_norm', 'casts']
 
 @dataclass
 class ParallelConfig:
@@ -564,8 +565,9 @@ def _gpt3_recipes() -> list:
         _gpt3_p4de(
             'gpt3_175b_p4de',
             dict(n_layers=96, hidden=12288, n_heads=96, init_std=0.006),
+            # casts: with fp32 weights on DP 4, per-step bf16 copies (10.5 GiB) would not fit 80 GiB (api/36_trace)
             dict(tp=4, pp=8, virtual_pp=12, pp_schedule='interleaved', sequence_parallel=True, zero1=True,
-                 activation_checkpointing='selective', checkpoint_modules=['attention']),
+                 activation_checkpointing='selective', checkpoint_modules=['attention', 'casts']),
             1,
             2048,
             dict(lr=0.9e-4, min_lr=0.9e-5, warmup_steps=115, decay_steps=75000 - 12500),

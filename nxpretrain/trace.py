@@ -5,7 +5,7 @@ nothing allocated: what each rank holds, and every collective it issues."""
 
 # %% ../nbs/api/36_trace.ipynb #e6165a5e
 from __future__ import annotations
-import contextlib, math, time, weakref
+import contextlib, functools, math, time, weakref
 from dataclasses import dataclass, field
 import torch, torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -18,8 +18,8 @@ from .clusters import profile
 # %% auto #0
 __all__ = ['EXPORTED_PROFILES', 'MESH_GROUPS', 'CATEGORIES', 'untraceable', 'trace_note', 'fake_rank', 'group_dims',
            'StepTracker', 'static_pipeline', 'p2p_buffer_bytes', 'micro_batches', 'traced_micro_batches',
-           'with_micro_batches', 'RankTrace', 'trace_rank', 'Trace', 'planned', 'default_ranks', 'trace_in_process',
-           'trace', 'render']
+           'with_micro_batches', 'use_device_kernels', 'RankTrace', 'trace_rank', 'Trace', 'planned', 'default_ranks',
+           'trace_in_process', 'trace', 'render']
 
 # %% ../nbs/api/36_trace.ipynb #901a388d
 EXPORTED_PROFILES = {'trn1.32xlarge': "trn1 runs go through NxD Training (`nxpretrain compile` exports them): this "
@@ -137,17 +137,11 @@ def static_pipeline(pm, mb_tokens: torch.Tensor):
     sched._warmup_p2p = lambda *args, **kwargs: None   # the vote's outcome, set above
     return stages
 
-def p2p_buffer_bytes(stages) -> int:
-    "Bytes of the receive buffers the schedule keeps for every micro-batch (activations in, gradients back)."
-    seen, n = set(), 0
-    for stage in stages:
-        for infos in [*stage.args_recv_info.values(), *stage.grad_recv_info.values()]:
-            for info in infos:
-                b = getattr(info, 'buffer', None)
-                if isinstance(b, torch.Tensor) and id(b) not in seen:
-                    seen.add(id(b))
-                    n += b.numel() * b.element_size()
-    return n
+def p2p_buffer_bytes(stages, peak: bool = False) -> int:
+    """Bytes of the receive buffers (activations in, gradients back) the rank's stages hold now, or at most at once
+    (`peak`): their `BufferLedger` counts them from each receive to its micro-batch's backward."""
+    if not stages: return 0
+    return stages[0].ledger.peak if peak else stages[0].ledger.live
 
 # %% ../nbs/api/36_trace.ipynb #d644d7c0
 def micro_batches(r: Recipe) -> int:
@@ -165,6 +159,20 @@ def traced_micro_batches(r: Recipe, limit: int | None = None) -> int:
 def with_micro_batches(r: Recipe, k: int) -> Recipe:
     "`r` with a global batch of `k` micro-batches per DP rank."
     return override(r, f'data.global_batch={k * r.data.micro_batch * max(data_parallel_size(r), 1)}')
+
+# %% ../nbs/api/36_trace.ipynb #d89a8e37
+def _fused_dropout(module: torch.nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    if not module.training or module.p == 0: return x
+    return torch.ops.aten.native_dropout(x, module.p, True)[0]
+
+def use_device_kernels(parts: list, device_type: str) -> list:
+    "Make `parts` keep, in a traced step, what the attention and dropout kernels of `device_type` keep (in place)."
+    from nxpretrain.models.blocks import SDPA
+    if device_type == 'cpu': return parts
+    for m in (m for part in parts for m in part.modules()):
+        if isinstance(m, SDPA): m.dropout = 0.0
+        if isinstance(m, torch.nn.Dropout): m.forward = functools.partial(_fused_dropout, m)
+    return parts
 
 # %% ../nbs/api/36_trace.ipynb #6fdf5f0f
 @dataclass
@@ -266,6 +274,7 @@ def trace_rank(r: Recipe | str, rank: int, limit: int | None = None) -> RankTrac
         pm = build_parallel_model(rk, st, device='meta')
         if rk.parallel.pp > 1: attach_schedule(pm)
         tracker = StepTracker(group_dims(st))
+        use_device_kernels(pm.parts, profile(rk.cluster.profile).device_type)
         with FakeTensorMode(allow_non_fake_inputs=True), tracker:
             opt, stages = _step(pm, rk, tracker, n / k)
         coords = {d: st.rank(d) for d in ('pp', 'dp', 'cp', 'tp')}
@@ -273,9 +282,8 @@ def trace_rank(r: Recipe | str, rank: int, limit: int | None = None) -> RankTrac
         out.parameters = _local_bytes(pm.parameters())
         out.gradients = _local_bytes(p.grad for p in pm.parameters())
         out.optimizer = _local_bytes(_optimizer_tensors(opt))
-        p2p = p2p_buffer_bytes(stages)
-        out.comm_buffers = p2p * n / k
-        out.activations, out.peak = tracker.activations, tracker.peak + p2p * (n / k - 1)
+        out.comm_buffers = p2p_buffer_bytes(stages, peak=True)
+        out.activations, out.peak = tracker.activations, tracker.peak
         for op, dim, b, times in tracker.collectives:
             out.comm[dim] = out.comm.get(dim, 0) + b
             out.calls[(op, dim)] = out.calls.get((op, dim), 0) + times
@@ -368,8 +376,7 @@ def render(t: Trace) -> str:
     r, p = t.recipe, t.recipe.parallel
     k = t.ranks[0]
     scaled = (
-        f"{k.traced_micro_batches} of its {k.micro_batches} micro-batches run, the loop's collectives and "
-        f"receive buffers scaled to all"
+        f"{k.traced_micro_batches} of its {k.micro_batches} micro-batches run, the loop's collectives scaled to all"
         if k.traced_micro_batches < k.micro_batches
         else f"{k.micro_batches} micro-batch(es)"
     )

@@ -15,7 +15,8 @@ __all__ = ['CHECKPOINT_KINDS', 'checkpoint_module', 'apply_activation_checkpoint
 # %% ../../nbs/api/34e_activation.ipynb #08848a2e
 # the recipe's `RecomputeKind` names (checked by `validate`) → the sub-module each recomputes
 CHECKPOINT_KINDS = {'block': '', 'attention': 'attention', 'mlp': 'mlp', 'core': 'attention.core',
-                    'attention_norm': 'attention_norm', 'ffn_norm': 'ffn_norm'}
+                    'attention_norm': 'attention_norm', 'ffn_norm': 'ffn_norm',
+                    'casts': None}   # not a module: the weights' bf16 casts (nxpretrain.parallel.saved)
 
 def checkpoint_module(module: nn.Module):
     "Recompute `module`'s forward during backward instead of keeping its activations."
@@ -29,6 +30,6 @@ def apply_activation_checkpointing(part: nn.Module, mode: str, kinds=()):
     "Checkpoint every block (`full`) or the sub-modules of the given kinds (`selective`)."
     if mode == 'none': return part
     for block in part.layers.values():
-        for k in (['block'] if mode == 'full' else kinds):
+        for k in (['block'] if mode == 'full' else [k for k in kinds if CHECKPOINT_KINDS[k] is not None]):
             checkpoint_module(block.get_submodule(CHECKPOINT_KINDS[k]) if CHECKPOINT_KINDS[k] else block)
     return part

@@ -21,6 +21,7 @@ from .pipeline import pipeline_stages, split_stage, build_schedule, forward_only
 from .tensor import replicate_kv_heads, kv_replicated_params, sum_kv_replica_grads, apply_tp
 from .context import use_ring_attention, add_positions_hook
 from .activation import apply_activation_checkpointing
+from .saved import keep_less_in_blocks
 from .compile import compile_blocks
 from .data import apply_fsdp, dp_shard
 from .init import init_parts
@@ -328,6 +329,8 @@ def _apply_layout(part: nn.Module, stage: int, recipe: Recipe, state: ParallelSt
     elif attention_kernel(recipe, state.torch_device.type) == 'dense': use_dense_attention(part)
     add_positions_hook(part, p.cp, state.rank('cp'), p.tp if (sp and stage > 0) else 1)
     if p.tp > 1: apply_tp(part, state.mesh['tp'], sp, recipe.model.tie_embeddings, family(recipe.model.arch).tp_plan)
+    recast = p.activation_checkpointing != 'none' and 'casts' in p.checkpoint_modules
+    if sp or recast: keep_less_in_blocks(part, recast)   # the gathered input's shard, the weights, not their copies
     if getattr(part, 'output', None) is not None:   # the loss computes the logits, a chunk at a time
         part.output = ChunkedHead(part.output, loss_chunk_tokens(recipe), Shard(1) if sp else Replicate())
     apply_activation_checkpointing(part, p.activation_checkpointing, p.checkpoint_modules)

@@ -47,8 +47,11 @@ def split_stage(model: nn.Module, layers: list[int], first: bool, last: bool) ->
 # %% ../../nbs/api/34b_pipeline.ipynb #8ad92dc2
 def build_schedule(parts: list, stage_ids: list, n_stages: int, n_microbatches: int, loss_fn, kind: str, device, group):
     "The pipeline schedule of this rank's `parts` (stages `stage_ids` of `n_stages`)."
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleGPipe
-    stages = [PipelineStage(part, s, n_stages, device, group=group) for s, part in zip(stage_ids, parts)]
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B, ScheduleGPipe
+    from nxpretrain.parallel.stage import ReleasingStage, BufferLedger
+    ledger = BufferLedger()   # one per rank: its stages' receive buffers together
+    stages = [ReleasingStage(part, s, n_stages, device, group=group, ledger=ledger)
+              for s, part in zip(stage_ids, parts)]
     if kind == 'interleaved' or len(stages) > 1:
         return ScheduleInterleaved1F1B(stages, n_microbatches, loss_fn=loss_fn, scale_grads=False)
     cls = ScheduleGPipe if kind == 'gpipe' else Schedule1F1B

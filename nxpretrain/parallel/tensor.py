@@ -4,14 +4,16 @@
 
 # %% ../../nbs/api/34c_tensor.ipynb #8e1cd237
 from __future__ import annotations
-import torch, torch.nn as nn
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+import copy
+import torch, torch.nn as nn, torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Replicate, Shard, Partial, distribute_tensor
 from torch.distributed.tensor.parallel import (parallelize_module, ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                               PrepareModuleInput, PrepareModuleOutput)
+                                               PrepareModuleOutput)
+from .saved import gather_input
 
 # %% auto #0
-__all__ = ['replicate_kv_heads', 'kv_replicated_params', 'sum_kv_replica_grads', 'unreplicate_kv', 'tp_plan',
-           'apply_tp']
+__all__ = ['SP_GATHERED', 'replicate_kv_heads', 'kv_replicated_params', 'sum_kv_replica_grads', 'unreplicate_kv',
+           'vocab_parallel', 'check_vocab_parallel', 'tp_plan', 'apply_tp']
 
 # %% ../../nbs/api/34c_tensor.ipynb #2f16c591
 @torch.no_grad()
@@ -54,6 +56,41 @@ def unreplicate_kv(t: torch.Tensor, k: int, hd: int) -> torch.Tensor:
     return t.reshape(-1, k, hd, *t.shape[1:])[:, 0].reshape(-1, *t.shape[1:])
 
 # %% ../../nbs/api/34c_tensor.ipynb #d8534e9a
+def vocab_parallel(embedding: nn.Embedding) -> nn.Embedding:
+    "Give an embedding that `RowwiseParallel` split by rows a forward whose backward builds only this rank's rows."
+    if embedding.padding_idx is not None or embedding.max_norm is not None:
+        raise NotImplementedError("vocab_parallel: an embedding without padding_idx or max_norm")
+    def forward(tokens):
+        w = embedding.weight
+        shard, mesh = w.to_local(), w.device_mesh
+        start = -(-w.shape[0] // mesh.size()) * mesh.get_local_rank()   # Shard(0) cuts torch.chunk's way
+        ids = tokens.to_local() if isinstance(tokens, DTensor) else tokens
+        outside = (ids < start) | (ids >= start + shard.shape[0])
+        rows = F.embedding((ids - start).masked_fill(outside, 0), shard).masked_fill(outside.unsqueeze(-1), 0)
+        return DTensor.from_local(rows, mesh, (Partial(),), run_check=False)
+    embedding.forward = forward
+    return embedding
+
+def check_vocab_parallel(vocab: int = 10, hidden: int = 4, seed: int = 0) -> dict:
+    """Run on every rank of a world = TP group: the largest differences from one unsplit embedding (the output, and
+    the gradient of this rank's rows)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    tp, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(seed)
+    ref = nn.Embedding(vocab, hidden)
+    emb = copy.deepcopy(ref)
+    parallelize_module(emb, init_device_mesh('cpu', (tp,)), RowwiseParallel(input_layouts=Replicate()))
+    vocab_parallel(emb)
+    tokens = torch.randint(0, vocab, (2, 7))
+    out, want = emb(tokens), ref(tokens)
+    dy = torch.randn_like(want)
+    (out * dy).sum().backward()
+    (want * dy).sum().backward()
+    rows = ref.weight.grad.chunk(tp)[rank]
+    return dict(out=(out - want).abs().max().item(), grad=(emb.weight.grad.to_local() - rows).abs().max().item())
+
+# %% ../../nbs/api/34c_tensor.ipynb #105bf0f8
 def tp_plan(part: nn.Module, sp: bool, linear_plan: dict) -> dict:
     """The `parallelize_module` plan of a model (or pipeline stage) `part`; `linear_plan` maps each linear layer of a
     block to 'colwise' or 'rowwise' (the model family's `tp_plan`)."""
@@ -73,16 +110,18 @@ def tp_plan(part: nn.Module, sp: bool, linear_plan: dict) -> dict:
         if not sp: continue
         plan[b + 'attention_norm'] = SequenceParallel()
         plan[b + 'ffn_norm'] = SequenceParallel()
-        plan[b + 'attention'] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                                   desired_input_layouts=(Replicate(), None, None),
-                                                   use_local_output=True)
-        plan[b + 'mlp'] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                             use_local_output=True)
     return plan
 
+SP_GATHERED = ('attention', 'mlp')   # the sub-modules of a block whose input sequence parallelism all-gathers
+
 def apply_tp(part: nn.Module, tp_mesh, sp: bool, tie: bool, linear_plan: dict):
-    "Shard `part` over `tp_mesh` in place; re-tie the head to the embedding when both are here."
+    """Shard `part` over `tp_mesh` in place; the embedding's backward builds only this rank's rows (`vocab_parallel`);
+    under sequence parallelism attention and MLP gather their input and keep only its shard (`gather_input`); re-tie
+    the head to the embedding when both are here."""
     parallelize_module(part, tp_mesh, tp_plan(part, sp, linear_plan))
+    if getattr(part, 'tok_embeddings', None) is not None: vocab_parallel(part.tok_embeddings)
+    for block in part.layers.values() if sp else ():
+        for name in SP_GATHERED: gather_input(block.get_submodule(name), tp_mesh)
     if tie and getattr(part, 'tok_embeddings', None) is not None and getattr(part, 'output', None) is not None:
         part.output.weight = part.tok_embeddings.weight
     return part

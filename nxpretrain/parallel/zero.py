@@ -5,8 +5,9 @@ data-parallel ranks."""
 
 # %% ../../nbs/api/33_zero.ipynb #f8090aaf
 from __future__ import annotations
+import contextlib
 import torch, torch.distributed as dist
-import torch.nn.functional as F
+from fastcore.basics import patch
 from torch.distributed.tensor import DTensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
@@ -15,8 +16,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 _all_gather_single = getattr(dist, 'all_gather_single', None) or dist.all_gather_into_tensor
 
 # %% auto #0
-__all__ = ['ELEMENTWISE', 'local', 'all_reduce_coalesced', 'all_reduce_grads', 'OverlappedGradReducer',
-           'partition_params', 'Zero1Optimizer', 'FlatZero1Optimizer']
+__all__ = ['ELEMENTWISE', 'GATHER_ELEMENTS', 'local', 'all_reduce_coalesced', 'all_reduce_grads',
+           'OverlappedGradReducer', 'partition_params', 'Zero1Optimizer', 'FlatZero1Optimizer']
 
 # %% ../../nbs/api/33_zero.ipynb #b45b5d28
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -170,12 +171,30 @@ class Zero1Optimizer(torch.optim.Optimizer):
 
 # %% ../../nbs/api/33_zero.ipynb #0d55cdeb
 ELEMENTWISE = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)   # optimizers whose update is per element
+GATHER_ELEMENTS = 2**26   # elements gathered from all ranks at once (256 MiB in fp32): the step's transient buffer
 
-def _flat_values(tensors: list, n: int) -> torch.Tensor:
-    "The tensors as one flat buffer, zero-padded to a multiple of `n`."
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    return F.pad(flat, (0, -flat.numel() % n))
+def _spans(sizes: list, lo: int, hi: int):
+    "(tensor index, start in the tensor, start in [lo, hi), length) of each tensor overlapping the flat range [lo, hi)."
+    start = 0
+    for i, n in enumerate(sizes):
+        a, b = max(lo, start), min(hi, start + n)
+        if a < b: yield i, a - start, a - lo, b - a
+        start += n
 
+def _read_flat(tensors: list, sizes: list, lo: int, out: torch.Tensor) -> torch.Tensor:
+    """Fill `out` with the elements from `lo` on of the tensors' flat concatenation (zeros past its end and for a
+    None), without building the concatenation."""
+    out.zero_()
+    for i, at, to, n in _spans(sizes, lo, lo + out.numel()):
+        if tensors[i] is not None: out[to:to + n].copy_(tensors[i].reshape(-1)[at:at + n])
+    return out
+
+def _write_flat(tensors: list, sizes: list, lo: int, src: torch.Tensor):
+    "Write `src` at `lo` of the tensors' flat concatenation, in place (past its end and into a None: dropped)."
+    for i, at, fr, n in _spans(sizes, lo, lo + src.numel()):
+        if tensors[i] is not None: tensors[i].view(-1)[at:at + n].copy_(src[fr:fr + n])
+
+# %% ../../nbs/api/33_zero.ipynb #d77afe04
 class FlatZero1Optimizer(Zero1Optimizer):
     """ZeRO-1 with each group's parameters one flat buffer in `n` equal slices: every rank holds the same optimizer
     bytes."""
@@ -188,88 +207,113 @@ class FlatZero1Optimizer(Zero1Optimizer):
         self.n, self.rank = (dist.get_world_size(group), dist.get_rank(group)) if group is not None else (1, 0)
         owner = partition_params(self.all_params, self.n)   # whose checkpoint keys a parameter's state goes under
         self.owner, self.owns = owner, {id(p): o == self.rank for p, o in zip(self.all_params, owner)}
-        self.shards = [self._slice(_flat_values([local(p).detach() for p in g['params']], self.n)).clone()
-                       for g in groups]
+        self.sizes = [[local(p).numel() for p in g['params']] for g in groups]
+        self.slice_numel = [-(-sum(s) // self.n) for s in self.sizes]   # a slice: ⌈elements / ranks⌉
+        p0 = local(self.all_params[0])
+        self.shards = [p0.new_empty(0) for _ in groups]   # the inner optimizer's parameters, empty between steps
         self.inner = optim_cls([{**g, 'params': [s]} for g, s in zip(groups, self.shards)], **defaults)
         torch.optim.Optimizer.__init__(self, groups, defaults)
         self.state = self.inner.state
 
-    def _slice(self, flat: torch.Tensor) -> torch.Tensor:
-        c = flat.numel() // self.n
-        return flat[self.rank * c:(self.rank + 1) * c]
+    @contextlib.contextmanager
+    def _slices(self):
+        "The slices' memory, for the duration of a step."
+        for shard, n in zip(self.shards, self.slice_numel): shard.data = shard.new_empty(n)
+        try: yield
+        finally:
+            for shard in self.shards: shard.data = shard.new_empty(0)
 
-    def _gather(self, shard: torch.Tensor) -> torch.Tensor:
-        "Every rank's slice, in order: the whole padded flat buffer."
-        if self.n == 1: return shard
-        full = torch.empty(shard.numel() * self.n, dtype=shard.dtype, device=shard.device)
-        _all_gather_single(full, shard.contiguous(), group=self.group)
-        return full
+# %% ../../nbs/api/33_zero.ipynb #d387ea56
+@patch
+def _gather_into(self: FlatZero1Optimizer, shard: torch.Tensor, tensors: list, sizes: list):
+    "Write every rank's slice (this rank's is `shard`) of a flat buffer into `tensors` (None: skipped)."
+    c = shard.numel()
+    piece = max(1, GATHER_ELEMENTS // self.n)
+    for j in range(0, c, piece):
+        mine = shard[j:j + piece].contiguous()
+        got = mine
+        if self.n > 1:
+            got = torch.empty(mine.numel() * self.n, dtype=mine.dtype, device=mine.device)
+            _all_gather_single(got, mine, group=self.group)
+        for r, values in enumerate(got.split(mine.numel())): _write_flat(tensors, sizes, r * c + j, values)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        for mine, outer in zip(self.inner.param_groups, self.param_groups):  # follow schedulers' changes to lr etc.
-            mine.update({k: v for k, v in outer.items() if k != 'params'})
-        for g, shard in zip(self.param_groups, self.shards):
+@patch
+@torch.no_grad()
+def step(self: FlatZero1Optimizer, closure=None):
+    for mine, outer in zip(self.inner.param_groups, self.param_groups):  # follow schedulers' changes to lr etc.
+        mine.update({k: v for k, v in outer.items() if k != 'params'})
+    with self._slices():
+        for g, shard, sizes in zip(self.param_groups, self.shards, self.sizes):
             ts = [local(p) for p in g['params']]
-            shard.copy_(self._slice(_flat_values(ts, self.n)))  # the weights as they are now (a load may have set them)
-            grads = [local(p.grad) if p.grad is not None else torch.zeros_like(t) for p, t in zip(g['params'], ts)]
-            shard.grad = self._slice(_flat_values(grads, self.n)).clone()
+            _read_flat(ts, sizes, self.rank * shard.numel(), shard)   # the weights now (a load may have set them)
+            grads = [local(p.grad) if p.grad is not None else None for p in g['params']]
+            shard.grad = _read_flat(grads, sizes, self.rank * shard.numel(), torch.empty_like(shard))
         self.inner.step()
-        for g, shard in zip(self.param_groups, self.shards):
-            ts = [local(p) for p in g['params']]
-            full = self._gather(shard)
-            for t, f in zip(ts, full[:sum(t.numel() for t in ts)].split([t.numel() for t in ts])): t.copy_(f.view_as(t))
+        for g, shard, sizes in zip(self.param_groups, self.shards, self.sizes):
+            self._gather_into(shard, [local(p) for p in g['params']], sizes)
             shard.grad = None
 
-    def _ensure_state(self):
-        "A no-op step (lr 0, zero gradients) creates the state, as the template a load fills in."
-        if self.inner.state: return
-        lrs = [g['lr'] for g in self.inner.param_groups]
-        for g in self.inner.param_groups: g['lr'] = 0.0
+@patch
+def _ensure_state(self: FlatZero1Optimizer):
+    "A no-op step (lr 0, zero gradients) creates the state, as the template a load fills in."
+    if self.inner.state: return
+    lrs = [g['lr'] for g in self.inner.param_groups]
+    for g in self.inner.param_groups: g['lr'] = 0.0
+    with self._slices():
         for s in self.shards: s.grad = torch.zeros_like(s)
         self.inner.step()
-        for g, lr in zip(self.inner.param_groups, lrs): g['lr'] = lr
         for s in self.shards: s.grad = None
+    for g, lr in zip(self.inner.param_groups, lrs): g['lr'] = lr
 
-    def flat_state_dict(self, module: torch.nn.Module) -> dict:
-        "`Zero1Optimizer.flat_state_dict`'s keys and values: whole state tensors of the parameters this rank owns."
-        names = {id(p): n for n, p in module.named_parameters()}
-        self._ensure_state()
-        out = {}
-        for g, shard in zip(self.param_groups, self.shards):
-            ts = [local(p) for p in g['params']]
-            for k, v in self.inner.state[shard].items():
-                full = v if v.ndim == 0 else self._gather(v)
-                pieces = (
-                    [v] * len(ts) if v.ndim == 0 else full[: sum(t.numel() for t in ts)].split([t.numel() for t in ts])
-                )
-                for p, t, piece in zip(g['params'], ts, pieces):
-                    if self.owns[id(p)]:
-                        out[f'state.{names[id(p)]}.{k}'] = (piece.view_as(t) if v.ndim else piece).clone()
-        for g, inner in zip(self.param_groups, self.inner.param_groups):
-            hyper = {k: v for k, v in {**inner, **g}.items() if k != 'params'}
-            out.update({f'param_groups.{names[id(p)]}.{k}': v for p in g['params'] for k, v in hyper.items()})
-        return out
+# %% ../../nbs/api/33_zero.ipynb #2371623c
+@patch
+def flat_state_dict(self: FlatZero1Optimizer, module: torch.nn.Module) -> dict:
+    "`Zero1Optimizer.flat_state_dict`'s keys and values: whole state tensors of the parameters this rank owns."
+    names = {id(p): n for n, p in module.named_parameters()}
+    self._ensure_state()
+    out = {}
+    for g, shard, sizes in zip(self.param_groups, self.shards, self.sizes):
+        ts = [local(p) for p in g['params']]
+        for k, v in self.inner.state[shard].items():
+            if v.ndim == 0:   # the step count: the same for every parameter
+                out.update({f'state.{names[id(p)]}.{k}': v.clone() for p in g['params'] if self.owns[id(p)]})
+                continue
+            whole = [torch.empty_like(t, dtype=v.dtype) if self.owns[id(p)] else None for p, t in zip(g['params'], ts)]
+            self._gather_into(v, whole, sizes)
+            out.update({f'state.{names[id(p)]}.{k}': w for p, w in zip(g['params'], whole) if w is not None})
+    for g, inner in zip(self.param_groups, self.inner.param_groups):
+        hyper = {k: v for k, v in {**inner, **g}.items() if k != 'params'}
+        out.update({f'param_groups.{names[id(p)]}.{k}': v for p in g['params'] for k, v in hyper.items()})
+    return out
 
-    @torch.no_grad()
-    def load_flat_state_dict(self, sd: dict, module: torch.nn.Module):
-        "Scatter the whole state tensors that DCP loaded (on their owners) back into every rank's slices."
-        super().load_flat_state_dict(sd, module)
-        names = {id(p): n for n, p in module.named_parameters()}
-        for g, shard in zip(self.param_groups, self.shards):
-            ts = [local(p) for p in g['params']]
-            for k, v in self.inner.state[shard].items():
-                mine = [sd.get(f'state.{names[id(p)]}.{k}') if self.owns[id(p)] else None
-                        for p in g['params']]
-                if v.ndim == 0:   # the step count: the same for every parameter
-                    have = [m.reshape(()).to(v.dtype) for m in mine if m is not None]
-                    val = torch.stack(have).max() if have else torch.zeros((), dtype=v.dtype)
-                    if self.n > 1: dist.all_reduce(val, op=dist.ReduceOp.MAX, group=self.group)
-                    v.copy_(val)
-                    continue
-                parts = [m.reshape(-1).to(v.dtype) if m is not None else torch.zeros(t.numel(), dtype=v.dtype)
-                         for m, t in zip(mine, ts)]
-                # each element comes from exactly one owner: a sum puts them together
-                full = _flat_values(parts, self.n)
-                if self.n > 1: dist.all_reduce(full, group=self.group)
-                v.copy_(self._slice(full))
+@patch
+@torch.no_grad()
+def load_flat_state_dict(self: FlatZero1Optimizer, sd: dict, module: torch.nn.Module):
+    "Scatter the whole state tensors that DCP loaded (on their owners) back into every rank's slices."
+    Zero1Optimizer.load_flat_state_dict(self, sd, module)
+    names = {id(p): n for n, p in module.named_parameters()}
+    for g, shard, sizes in zip(self.param_groups, self.shards, self.sizes):
+        for k, v in self.inner.state[shard].items():
+            mine = [sd.get(f'state.{names[id(p)]}.{k}') if self.owns[id(p)] else None for p in g['params']]
+            if v.ndim == 0:   # the step count: the same for every parameter
+                have = [m.reshape(()).to(v.dtype) for m in mine if m is not None]
+                val = torch.stack(have).max() if have else torch.zeros((), dtype=v.dtype)
+                if self.n > 1: dist.all_reduce(val, op=dist.ReduceOp.MAX, group=self.group)
+                v.copy_(val)
+                continue
+            self._sum_into_slice([None if m is None else m.to(v.dtype) for m in mine], sizes, v)
+
+@patch
+def _sum_into_slice(self: FlatZero1Optimizer, tensors: list, sizes: list, out: torch.Tensor):
+    "This rank's slice `out` of the flat buffer that `tensors` make when summed over the ranks, a piece at a time."
+    c = out.numel()
+    piece = max(1, GATHER_ELEMENTS // self.n)
+    for j in range(0, c, piece):
+        m = min(piece, c - j)
+        if self.n == 1:
+            _read_flat(tensors, sizes, j, out[j:j + m])
+            continue
+        # piece j of every rank's slice, rank by rank; the all-reduce sums the owners' values in
+        every = torch.cat([_read_flat(tensors, sizes, r * c + j, out.new_empty(m)) for r in range(self.n)])
+        dist.all_reduce(every, group=self.group)
+        out[j:j + m].copy_(every[self.rank * m:(self.rank + 1) * m])
