@@ -12,12 +12,12 @@ from .recipes import (Recipe, ModelConfig, padded_vocab, data_parallel_size, wor
 from .clusters import profile
 import dataclasses
 from .families import family
-from .steptime import step_time, published
+from .steptime import step_time, published, sp_block_transfers
 
 # %% auto #0
 __all__ = ['GiB', 'layer_parameters', 'embedding_parameters', 'model_parameters', 'flops_per_token', 'Memory',
-           'runs_engine', 'rank_parameters', 'memory_per_device', 'checkpoint_bytes', 'checkpoint_write_seconds',
-           'communication_bytes', 'Plan', 'plan', 'layout_options']
+           'runs_engine', 'rank_parameters', 'memory_per_device', 'in_flight', 'checkpoint_bytes',
+           'checkpoint_write_seconds', 'communication_bytes', 'Plan', 'plan', 'layout_options']
 
 # %% ../nbs/api/02_plan.ipynb #9a297a17
 _COUNTS: dict = {}   # (config with one layer, vocab) → counts: a meta build takes milliseconds, a plan asks often
@@ -106,33 +106,59 @@ def rank_parameters(r: Recipe) -> list[float]:
     return out
 
 # %% ../nbs/api/02_plan.ipynb #232695b5
-def _block_activations(r: Recipe) -> float:
-    "Bytes one block keeps for backward, per micro-batch, in nxpretrain's engine (see above)."
+def _sbh(r: Recipe) -> float:
+    "Elements of one micro-batch's hidden states on a CP rank (before any TP split)."
+    return r.model.seq_len / r.parallel.cp * r.data.micro_batch * r.model.hidden
+
+def _mask_bytes(r: Recipe) -> int:
+    "Bytes a dropout keeps per element: a fused kernel's bool mask on accelerators, noise in bf16 or fp32 on a CPU."
+    if r.model.dropout == 0: return 0
+    if profile(r.cluster.profile).device_type != 'cpu': return 1
+    return 2 if r.parallel.precision == 'bf16' else 4
+
+def _module_activations(r: Recipe) -> dict:
+    "{'attention': bytes, 'mlp': bytes} that each keeps for backward, per micro-batch, when not recomputed."
     m, p = r.model, r.parallel
     fam = family(m.arch)
     e = 2 if p.precision == 'bf16' else 4
-    T = p.tp if p.sequence_parallel and p.tp > 1 else 1
-    sbh = m.seq_len / p.cp * r.data.micro_batch * m.hidden
-    if p.activation_checkpointing == 'full': return 4 * sbh / T
+    sp = p.sequence_parallel and p.tp > 1
+    T = p.tp if sp else 1
+    sbh = _sbh(r)
     cols = [k.split('.')[0] for k, v in fam.tp_plan.items() if v == 'colwise']
-    gathered = lambda n: (n * e if e < 4 else 4) * sbh   # the whole-sequence input of n column-parallel linears
+    # a module's input: under SP its sequence shard (in bf16, gathered again in backward); else autocast's copy of it
+    # per column-parallel linear in bf16, the one fp32 tensor in fp32
+    kept_input = lambda n: e * sbh / T if sp else (n * e if e < 4 else 4) * sbh
     kv = m.kv_heads * p.kv_replicator / m.n_heads
-    attention = gathered(cols.count('attention')) + e * sbh * (2 + 2 * kv) / p.tp   # q, k, v and the output
+    mask = _mask_bytes(r) * sbh / T
+    attention = kept_input(cols.count('attention')) + e * sbh * (2 + 2 * kv) / p.tp + mask   # q, k, v and the output
     if attention_kernel(r) == 'dense':
         blocks = dense_attention_blocks(m.seq_len, m.seq_len, causal=fam.objective == 'causal_lm')
         kept = sum((b - a) * keys for a, b, keys in blocks)
         attention += e * r.data.micro_batch * m.n_heads / p.tp * kept   # the probabilities of each query block
-    # attention dropout: torch's math kernel keeps the fp32 softmax, the mask and the dropped bf16 scores
-    elif m.dropout > 0:
+    # attention dropout on a CPU: torch's math kernel keeps the fp32 softmax, the mask and the dropped bf16 scores
+    # (accelerators run a blocked kernel: the output and a log-sum-exp)
+    elif _mask_bytes(r) > 1:
         attention += 12 * r.data.micro_batch * m.n_heads / p.tp * (m.seq_len / p.cp) ** 2
     # GELU keeps w1's output and its own; SwiGLU w1's, w3's, SiLU's and their product: 2 per input linear
-    mlp = gathered(cols.count('mlp')) + e * sbh * m.ffn / m.hidden * 2 * cols.count('mlp') / p.tp
-    # the two norms' inputs (fp32 residual stream); an RMSNorm also its output, counted where the trace shows it:
-    # without SP (under SP the formula already exceeds llama3_70b_trn2's trace, by 6 % with it)
-    kept = 2 * 4 * sbh / T * (fam.norm_keeps if T == 1 else 1)
-    for name, full in (('attention', attention), ('mlp', mlp)):
-        recomputed = p.activation_checkpointing == 'selective' and name in p.checkpoint_modules
-        kept += 4 * sbh if recomputed else full
+    mlp = kept_input(cols.count('mlp')) + e * sbh * m.ffn / m.hidden * 2 * cols.count('mlp') / p.tp + mask
+    return dict(attention=attention, mlp=mlp)
+
+def _recomputed(r: Recipe) -> list[str]:
+    "The block's modules that selective recompute runs again in backward."
+    p = r.parallel
+    return [n for n in ('attention', 'mlp') if p.activation_checkpointing == 'selective' and n in p.checkpoint_modules]
+
+def _block_activations(r: Recipe) -> float:
+    "Bytes one block keeps for backward, per micro-batch, in nxpretrain's engine (see above)."
+    p = r.parallel
+    sp = p.sequence_parallel and p.tp > 1
+    T = p.tp if sp else 1
+    sbh, e = _sbh(r), 2 if p.precision == 'bf16' else 4
+    if p.activation_checkpointing == 'full': return 4 * sbh / T
+    # the two blocks' residual sums (fp32), which the next norm keeps; an RMSNorm also its normalised fp32 input
+    kept = 2 * 4 * sbh / T * family(r.model.arch).norm_keeps
+    for name, full in _module_activations(r).items():   # a recomputed module keeps its input
+        kept += (e * sbh / T if sp else 4 * sbh) if name in _recomputed(r) else full
     return kept
 
 # %% ../nbs/api/02_plan.ipynb #ef171a10
@@ -176,38 +202,68 @@ def memory_per_device(r: Recipe, dp: int | None = None) -> Memory:
 def _micro_batches(r: Recipe, dp: int) -> int:
     return max(r.data.global_batch // (r.data.micro_batch * dp), 1)
 
+def in_flight(r: Recipe, dp: int | None = None) -> float:
+    "Micro-batches pipeline rank 0 holds activations of at once (interleaving: in units of all its stages)."
+    p, dp = r.parallel, dp or max(data_parallel_size(r), 1)
+    n = min(_micro_batches(r, dp), p.pp)
+    return n * (1 + (p.pp - 1) / (p.pp * p.virtual_pp)) if p.virtual_pp > 1 else n   # interleaving's extra warm-up
+
 def _engine_activations(r: Recipe, dp: int) -> float:
-    """Peak activation bytes: pipeline rank 0's blocks × micro-batches in flight; with one stage, one micro-batch and
-    the loss."""
+    """Peak activation bytes on pipeline rank 0: its blocks × micro-batches in flight, the first stage's inputs, the
+    step's bf16 weight copies and one layer's backward; with one stage, the loss."""
     from nxpretrain.parallel.pipeline import pipeline_stages
     m, p, d = r.model, r.parallel, r.data
     n_stages = p.pp * p.virtual_pp
     stages = pipeline_stages(m.n_layers, n_stages, p.pp_cuts)
     layers = sum(len(stages[s]) for s in range(0, n_stages, p.pp))
-    in_flight = min(_micro_batches(r, dp), p.pp)
-    if p.virtual_pp > 1: in_flight *= 1 + (p.pp - 1) / (p.pp * p.virtual_pp)   # interleaving's extra warm-up chunks
-    V = padded_vocab(m, p.tp)
-    e = 2 if p.precision == 'bf16' else 4
-    tokens = m.seq_len / p.cp * d.micro_batch
+    flying = in_flight(r, dp)
+    T = p.tp if p.sequence_parallel and p.tp > 1 else 1
+    chunks = flying * p.virtual_pp if p.pp > 1 else 0   # stage passes in flight: each sent its output on
+    rope = 2 * 4 * m.seq_len / p.cp * m.head_dim if family(m.arch).rope else 0   # a stage's cos and sin tables
+    # the embedding's output (the first block's input) and its dropout mask; the blocks; outputs sent on are shapes
+    kept = min(_micro_batches(r, dp), p.pp) * (4 + _mask_bytes(r)) * _sbh(r) / T
+    kept += layers * _block_activations(r) * flying - chunks * 4 * _sbh(r) / T + max(chunks, 1) * rope
+    recast = p.activation_checkpointing != 'none' and 'casts' in p.checkpoint_modules
+    # the step's bf16 copies of the blocks' weights (none where they are cast per use)
+    casts = 0 if p.precision != 'bf16' or recast else 2 * layers * (layer_parameters(m) + _kv_extra(r)) / p.tp
+    return kept + casts + max(_loss_bytes(r), _backward_bytes(r))
+
+def _loss_bytes(r: Recipe) -> float:
+    """With one stage, the fused loss: a chunk's logits (bf16), their fp32 copy and log-softmax, the gradients of the
+    hidden states and of the head's slice."""
+    m, p = r.model, r.parallel
+    if p.pp > 1: return 0   # pipeline rank 0, the one counted here, holds no loss
+    V, e = padded_vocab(m, p.tp), 2 if p.precision == 'bf16' else 4
+    tokens = m.seq_len / p.cp * r.data.micro_batch
     chunk = min(tokens, loss_chunk_tokens(r))   # the fused loss holds one chunk's logits at a time
-    if p.pp > 1: loss = 0   # pipeline rank 0, the one counted here, holds no loss
-    else:   # a chunk's logits, their fp32 copy (bf16) and log-softmax; the gradients of the hidden states and the head
-        loss = (e + 4 + (4 if e == 2 else 0)) * chunk * V / p.tp + 4 * (tokens + V / p.tp) * m.hidden
-    # autocast's bf16 weight copies, kept for backward
-    casts = 2 * rank_parameters(r)[0] if p.precision == 'bf16' else 0
-    # under TP the vocabulary-parallel embedding's backward builds the whole (vocab × hidden) gradient before slicing it
-    embedding = 4 * V * m.hidden if p.tp > 1 else 0
-    return layers * _block_activations(r) * in_flight + max(loss, embedding) + casts
+    return (e + 4 + (4 if e == 2 else 0)) * chunk * V / p.tp + 4 * (tokens + V / p.tp) * m.hidden
+
+def _backward_bytes(r: Recipe) -> float:
+    """What one layer's backward makes on top: under SP its gathered input again and that input's gradient, a
+    recomputed module's activations, and the largest weight's gradient in bf16 and fp32 (and its copy cast again)."""
+    m, p = r.model, r.parallel
+    sp = p.sequence_parallel and p.tp > 1
+    if not sp: return 0   # counted where the trace shows it: without SP every recipe agrees within 10 % without it
+    e = 2 if p.precision == 'bf16' else 4
+    recast = p.activation_checkpointing != 'none' and 'casts' in p.checkpoint_modules
+    module = max((v for k, v in _module_activations(r).items() if k in _recomputed(r)), default=0)
+    weight = max(m.ffn, m.hidden) * m.hidden / p.tp * (6 + (2 if recast else 0))
+    return 2 * e * _sbh(r) + module + weight
 
 def _pipeline_buffers(r: Recipe, dp: int) -> float:
-    """Receive buffers the pipeline schedule keeps: per micro-batch, an activation in and a gradient back (middle
-    stages)."""
+    """Receive buffers alive at once on the busiest pipeline rank: the inputs of its stage passes in flight that came
+    from another rank, and the gradient it waits for (`nxpretrain.parallel.stage`)."""
     m, p = r.model, r.parallel
     if p.pp == 1: return 0.0
     T = p.tp if p.sequence_parallel and p.tp > 1 else 1
     one = 4 * r.data.micro_batch * m.seq_len / p.cp / T * m.hidden
-    per_rank = 2 * p.virtual_pp - (1 if p.virtual_pp == 1 and p.pp == 2 else 0)
-    return one * per_rank * _micro_batches(r, dp)
+    n = _micro_batches(r, dp)
+    if p.virtual_pp > 1:   # rank 1 (all of its stages receive): (v − 1) rounds and 2·(PP − 2) passes of warm-up
+        per_round = n // max(1, n // p.pp)
+        return one * (min((p.virtual_pp - 1) * per_round + 2 * (p.pp - 2) + 1, n * p.virtual_pp) + 1)
+    if p.pp_schedule == 'gpipe': return one * (n + 1)   # every micro-batch's forward before any backward
+    # 1F1B: rank k ≥ 1 holds PP − k micro-batches' inputs, and every rank but the last a gradient coming back
+    return one * max(min(n, p.pp - k) + (k < p.pp - 1) for k in range(1, p.pp))
 
 # %% ../nbs/api/02_plan.ipynb #9621979a
 def checkpoint_bytes(r: Recipe) -> float:
@@ -241,16 +297,18 @@ def communication_bytes(r: Recipe, dp: int | None = None) -> dict:
     return out
 
 def _tp_bytes(r: Recipe) -> float:
-    """TP payload bytes of one micro-batch on the busiest pipeline rank (sequence parallel): per block, forward
-    all-gathers of the fp32 norm outputs and reduce-scatters of the row-parallel outputs, their mirror in backward,
-    and an fp32 all-reduce of each column-parallel linear's input gradient; the embedding and head add their own."""
+    """TP payload bytes of one micro-batch on the busiest pipeline rank. Sequence parallel, per block: attention's and
+    the MLP's input all-gathered in forward and again in backward (or when recomputed), the sum of their linear
+    layers' input gradients reduce-scattered once, the row-parallel outputs reduce-scattered and their gradients
+    all-gathered, all in the compute dtype (`parallel.saved`); without it an fp32 all-reduce of each column-parallel
+    linear's input gradient. The embedding and head add their own."""
     from nxpretrain.parallel.pipeline import pipeline_stages
     m, p = r.model, r.parallel
     e = 2 if p.precision == 'bf16' else 4
     A = r.data.micro_batch * m.seq_len / p.cp * m.hidden
     cols = sum(v == 'colwise' for v in family(m.arch).tp_plan.values())
     rows = sum(v == 'rowwise' for v in family(m.arch).tp_plan.values())
-    block = A * (rows * 4 + 2 * rows * e + 4 * cols) if p.sequence_parallel else A * (2 * rows * e + 4 * cols)
+    block = A * e * sp_block_transfers(r)[0] if p.sequence_parallel else A * (2 * rows * e + 4 * cols)
     n_stages = p.pp * p.virtual_pp
     stages = pipeline_stages(m.n_layers, n_stages, p.pp_cuts)
     embedding = (8 + (0 if family(m.arch).rope else 4)) * A   # learned positions add their gradient's all-gather

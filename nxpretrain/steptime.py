@@ -13,7 +13,8 @@ from .families import family
 
 # %% auto #0
 __all__ = ['DEVICES', 'PROFILE_DEVICE', 'ANCHOR_PROFILES', 'ANCHORS', 'Device', 'device_of', 'block_flops',
-           'micro_batches', 'rank_flops', 'Link', 'links', 'StepTime', 'step_time', 'Anchor', 'published']
+           'micro_batches', 'rank_flops', 'sp_block_transfers', 'Link', 'links', 'StepTime', 'step_time', 'Anchor',
+           'published']
 
 # %% ../nbs/api/02b_steptime.ipynb #7aa52687
 @dataclass(frozen=True)
@@ -25,9 +26,9 @@ class Device:
     basis: str = ''             # where `achievable` comes from
 
 DEVICES: dict[str, Device] = {d.kind: d for d in [
-    Device('trn1', 'NeuronLink', 192, 0.458, 'fit: seed 4 Llama-3 70B, NxD Training'),
+    Device('trn1', 'NeuronLink', 192, 0.414, 'fit: seed 4 Llama-3 70B, NxD Training'),
     Device('trn1-nemo', 'NeuronLink', 192, 0.213, 'fit: seed 0 GPT-3 23B, neuronx-nemo-megatron'),
-    Device('trn2', 'NeuronLink', 256, 0.458, "no published anchor: trn1's (NxD Training)"),
+    Device('trn2', 'NeuronLink', 256, 0.414, "no published anchor: trn1's (NxD Training)"),
     Device('a100', 'NVLink', 300, 0.620, 'fit: Megatron-LM 145.6B on 1536 A100'),
     Device('h100', 'NVLink', 450, 0.539, 'fit: Megatron-Core GPT-3 177B on 2304 H100'),
     Device('h200', 'NVLink', 450, 0.539, "no published anchor: H100's"),
@@ -76,6 +77,16 @@ def rank_flops(r: Recipe, dp: int, layer_params: int) -> float:
     ]
     return max(per_rank) * micro_batches(r, dp) * r.data.micro_batch * m.seq_len / p.cp
 
+# %% ../nbs/api/02b_steptime.ipynb #5cc9e6ab
+def sp_block_transfers(r: Recipe) -> tuple[int, int]:
+    "(transfers, of which behind compute) of one block's sequence-parallel TP traffic per micro-batch."
+    p = r.parallel
+    rows = sum(v == 'rowwise' for v in family(r.model.arch).tp_plan.values())
+    redone = {'full': ['attention', 'mlp'], 'selective': p.checkpoint_modules}.get(p.activation_checkpointing, [])
+    redone = [n for n in ('attention', 'mlp') if n in redone]
+    again = len(redone) if r.model.dropout > 0 else 0
+    return 3 * 2 + 2 * rows + again, 2 - len(redone)
+
 # %% ../nbs/api/02b_steptime.ipynb #87078b78
 _NETWORK = {'efa': 'EFA', 'infiniband': 'InfiniBand', 'ethernet': 'Ethernet'}
 
@@ -110,7 +121,8 @@ def links(r: Recipe, prof: ClusterProfile, dp: int, t_mb: float, comm: dict, ove
         ring = (n - 1) / n / (gbs * 1e9)
         if dim == 'tp':
             t = payload * ring * (1 if p.sequence_parallel else 2)
-            exposed = t
+            transfers, behind = sp_block_transfers(r) if p.sequence_parallel else (1, 0)
+            exposed = t * (1 - behind / transfers)   # backward's re-gathers overlap the backward
         elif dim == 'pp':
             t = payload / (gbs * 1e9)
             exposed = t * (p.pp - 1) / micro_batches(r, dp)

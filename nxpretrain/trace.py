@@ -19,7 +19,8 @@ from .clusters import profile
 __all__ = ['EXPORTED_PROFILES', 'MESH_GROUPS', 'CATEGORIES', 'untraceable', 'trace_note', 'fake_rank', 'group_dims',
            'StepTracker', 'static_pipeline', 'p2p_buffer_bytes', 'micro_batches', 'traced_micro_batches',
            'with_micro_batches', 'use_device_kernels', 'RankTrace', 'trace_rank', 'Trace', 'planned', 'default_ranks',
-           'trace_in_process', 'trace', 'render']
+           'in_process', 'trace_in_process', 'trace', 'render', 'module_scope', 'forward_keeps', 'tensor_kind',
+           'layer_keeps', 'megatron_layer_bytes', 'LayerAccount', 'layer_account', 'traced_per_layer', 'render_layers']
 
 # %% ../nbs/api/36_trace.ipynb #901a388d
 EXPORTED_PROFILES = {'trn1.32xlarge': "trn1 runs go through NxD Training (`nxpretrain compile` exports them): this "
@@ -69,6 +70,7 @@ class StepTracker(TorchDispatchMode):
         self.measure_activations, self.scale = False, 1.0
         self.held, self.seen = 0, WeakIdKeyDictionary()
         self.collectives: list[tuple[str, str, float, float]] = []   # (op, mesh dim, payload bytes, times)
+        self.where, self.origins, self.op = None, WeakIdKeyDictionary(), None   # `where()`: the module running now
 
     def _free(self, n: int): self.live -= n
 
@@ -81,6 +83,7 @@ class StepTracker(TorchDispatchMode):
         if s in self.seen: return
         n = s.nbytes()
         self.seen[s] = n
+        if self.where is not None: self.origins[s] = (self.where(), self.op, str(t.dtype)[6:], tuple(t.shape))
         self.live += n
         weakref.finalize(s, self._free, n)
         self.peak = max(self.peak, self.live)
@@ -90,6 +93,9 @@ class StepTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.where is not None:   # a cast of a parameter is autocast's copy of a weight
+            cast = func._opname == '_to_copy' and isinstance(args[0], torch.nn.Parameter)
+            self.op = 'weight cast' if cast else func._opname
         if func in _COLLECTIVES: self._collective(func, args, out)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor): self._track(t)
@@ -330,28 +336,30 @@ def planned(r: Recipe) -> dict:
 
 # %% ../nbs/api/36_trace.ipynb #6821574e
 def default_ranks(r: Recipe) -> list[int]:
-    "Rank 0, the first rank of the middle pipeline stage (PP > 2) and the last rank of `r`'s world."
+    "Rank 0, the first rank of the second pipeline stage (PP > 2) and the last rank of `r`'s world."
     w, p = world_size(r), r.parallel
-    middle = [p.pp // 2 * (w // p.pp)] if p.pp > 2 else []
-    return sorted({0, *middle, w - 1})
+    second = [w // p.pp] if p.pp > 2 else []
+    return sorted({0, *second, w - 1})
 
 # %% ../nbs/api/36_trace.ipynb #82a4d63b
-_CHILD = ("import pickle, sys; from nxpretrain.trace import trace_rank; args = pickle.load(open(sys.argv[1], 'rb')); "
-          "pickle.dump(trace_rank(*args), open(sys.argv[1], 'wb'))")
+_CHILD = ("import pickle, sys, nxpretrain.trace as t; fn, args = pickle.load(open(sys.argv[1], 'rb')); "
+          "pickle.dump(getattr(t, fn)(*args), open(sys.argv[1], 'wb'))")
 
-def trace_in_process(r: Recipe, rank: int, limit: int | None = None) -> RankTrace:
-    "`trace_rank(r, rank, limit)` in a fresh Python process."
+def in_process(what: str, fn: str, *args):
+    "`nxpretrain.trace.<fn>(*args)` in a fresh Python process; `what` says what failed, if it does."
     import pickle, subprocess, sys, tempfile, os
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, 'rank.pkl')
-        with open(path, 'wb') as f: pickle.dump((r, rank, limit), f)
+        path = os.path.join(tmp, 'call.pkl')
+        with open(path, 'wb') as f: pickle.dump((fn, args), f)
         res = subprocess.run([sys.executable, '-c', _CHILD, path], capture_output=True, text=True)
         if res.returncode:
             last = (res.stderr.strip().splitlines() or ['(no output)'])[-1]
-            raise (RecipeError if 'RecipeError' in last else RuntimeError)(
-                f"tracing rank {rank} of {r.name} failed: {last}"
-            )
+            raise (RecipeError if 'RecipeError' in last else RuntimeError)(f"{what} failed: {last}")
         with open(path, 'rb') as f: return pickle.load(f)
+
+def trace_in_process(r: Recipe, rank: int, limit: int | None = None) -> RankTrace:
+    "`trace_rank(r, rank, limit)` in a fresh Python process."
+    return in_process(f"tracing rank {rank} of {r.name}", 'trace_rank', r, rank, limit)
 
 # %% ../nbs/api/36_trace.ipynb #878823bb
 def trace(r: Recipe | str, ranks: list[int] | None = None, limit: int | None = None, progress: bool = True) -> Trace:
@@ -405,3 +413,165 @@ def _aligned(rows: list) -> list[str]:
     cells = [[str(v) for v in row] for row in rows]
     w = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     return ['  '.join(v.rjust(w[i]) if i else v.ljust(w[i]) for i, v in enumerate(row)).rstrip() for row in cells]
+
+# %% ../nbs/api/36_trace.ipynb #6a64b339
+@contextlib.contextmanager
+def module_scope(parts: list):
+    "A function telling the qualified name (in the whole model) of the module whose forward runs now, while inside."
+    from torch.nn.modules import module as nn_module
+    names = {id(m): n for part in parts for n, m in part.named_modules()}
+    stack = ['']
+    def enter(m, args): stack.append(names.get(id(m), stack[-1]))
+    def leave(m, args, out): stack.pop()   # returns None: a forward hook's result would replace the output
+    pre = nn_module.register_module_forward_pre_hook(enter)
+    post = nn_module.register_module_forward_hook(leave)
+    try: yield lambda: stack[-1]
+    finally:
+        pre.remove()
+        post.remove()
+
+def forward_keeps(r: Recipe | str, rank: int) -> list[tuple]:
+    """(module, op, dtype, shape, bytes) of every storage one micro-batch's forward leaves alive on rank `rank` of `r`
+    (its stages run one after another, each on a micro-batch's input)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from nxpretrain.parallel.engine import build_parallel_model
+    r = get_recipe(r) if isinstance(r, str) else r
+    rk = override(with_micro_batches(r, traced_micro_batches(r)), 'trainer.compile=false',
+                  f'parallel.attention={attention_kernel(r)}')
+    m, p, mb = rk.model, rk.parallel, rk.data.micro_batch
+    s_local = m.seq_len // p.cp // (p.tp if p.sequence_parallel and p.tp > 1 else 1)
+    with fake_rank(rk, rank) as st:
+        pm = build_parallel_model(rk, st, device='meta')
+        use_device_kernels(pm.parts, profile(rk.cluster.profile).device_type)
+        tracker = StepTracker(group_dims(st))
+        with FakeTensorMode(allow_non_fake_inputs=True), tracker:
+            for part in pm.parts:
+                part.to_empty(device='cpu')
+                part.tie_weights()
+            inputs = [torch.zeros(mb, m.seq_len // p.cp, dtype=torch.long) if sid == 0
+                      else torch.empty(mb, s_local, m.hidden, requires_grad=True) for sid in pm.stage_ids]
+            before = {id(s) for s in tracker.seen.keys()}   # the weights, and the inputs (receive buffers)
+            with module_scope(pm.parts) as where, pm.autocast():
+                tracker.where = where
+                outs = [part(x) for part, x in zip(pm.parts, inputs)]
+                tracker.where = None   # inside autocast: the step's weight copies are alive
+                kept = [(*tracker.origins.get(s, ('', '?', '?', ())), n) for s, n in tracker.seen.items()
+                        if id(s) not in before]
+            del outs   # alive until here: the forward's outputs are kept too
+    return kept
+
+# %% ../nbs/api/36_trace.ipynb #e4efeac3
+_KINDS = [   # (module, ops or None for any) → kind, first match wins
+    ('', ('add',), 'residual stream (block outputs)'),
+    ('attention_norm|ffn_norm', ('mul',), 'RMSNorm: normalised input'),
+    ('attention_norm|ffn_norm', ('native_layer_norm',), "module input (the norm's output, fp32)"),
+    ('attention|mlp', ('_to_copy',), 'module input: sequence shard, bf16 (gathered again in backward)'),
+    ('attention|mlp', ('wait_tensor', 'cat', 'clone', 'all_gather_into_tensor'), 'module input: gathered sequence'),
+    ('attention.wq|attention.wk|attention.wv|mlp.w1|mlp.w3', ('_to_copy',),
+     'module input: autocast copy per linear layer'),
+    ('attention.wq|attention.wk|attention.wv', None, 'q, k, v'),
+    ('attention.core', ('_scaled_dot_product_flash_attention_for_cpu', '_scaled_dot_product_flash_attention',
+                        '_to_copy'), 'attention output, log-sum-exp'),
+    ('attention.core', None, 's×s probabilities, their mask'),
+    ('attention', ('clone',), 'attention output, reshaped'),
+    ('attention.resid_dropout|mlp.dropout|dropout', None, 'dropout masks'),
+    ('mlp|mlp.w1|mlp.w3', None, 'MLP hidden (ffn wide)'),
+]
+
+def tensor_kind(module: str, op: str) -> str:
+    "The kind of a kept tensor made by `op` in `module` (its name within a block)."
+    if op == 'weight cast': return 'bf16 weight copies (once per step)'
+    for mods, ops, kind in _KINDS:
+        if module in mods.split('|') and (ops is None or op in ops): return kind
+    return f'{module or "block"}: {op}'
+
+def layer_keeps(rows: list[tuple]) -> dict:
+    "{layer index or 'rest': {kind: bytes}} of `forward_keeps` rows; weight copies under 'casts'."
+    import re
+    out = {}
+    for module, op, dtype, shape, n in rows:
+        hit = re.match(r'layers\.(\d+)\.?(.*)', module)
+        layer, inner = (int(hit.group(1)), hit.group(2)) if hit else ('rest', module)
+        if op == 'weight cast': layer = 'casts'
+        kinds = out.setdefault(layer, {})
+        kinds[tensor_kind(inner, op)] = kinds.get(tensor_kind(inner, op), 0) + n
+    return out
+
+# %% ../nbs/api/36_trace.ipynb #c78b6697
+def megatron_layer_bytes(r: Recipe) -> dict:
+    "{term: bytes} of Megatron's activation account of one layer per micro-batch for `r`'s model, layout and recompute."
+    from nxpretrain.families import family
+    m, p = r.model, r.parallel
+    t = p.tp
+    sp = p.sequence_parallel and t > 1
+    sbh = m.seq_len / p.cp * r.data.micro_batch * m.hidden
+    out_t, in_t = sbh / t, sbh / (t if sp else 1)   # a term inside attention or MLP; one outside (norms, inputs)
+    mask = in_t if m.dropout > 0 else 0
+    swiglu = 'mlp.w3' in family(m.arch).tp_plan
+    kv = m.kv_heads / m.n_heads
+    attention = {'attention input': 2 * in_t, 'q, k, v': 2 * out_t * (1 + 2 * kv), 'attention output': 2 * out_t,
+                 'attention dropout mask': mask}
+    mlp = {'MLP input': 2 * in_t, 'MLP hidden': 2 * out_t * m.ffn / m.hidden * (4 if swiglu else 2),
+           'MLP dropout mask': mask}
+    kinds = set(p.checkpoint_modules) if p.activation_checkpointing == 'selective' else set()
+    if p.activation_checkpointing == 'full': return {'layer input': 2 * in_t}
+    if 'attention' in kinds: attention = {'attention input': 2 * in_t}
+    elif 'core' in kinds: attention.pop('attention output')
+    if 'mlp' in kinds: mlp = {'MLP input': 2 * in_t}
+    return {'norm inputs': 4 * in_t, **attention, **mlp}
+
+# %% ../nbs/api/36_trace.ipynb #8be302a8
+@dataclass
+class LayerAccount:
+    "What a layer keeps per micro-batch on a rank, by kind of tensor, beside Megatron's account."
+    recipe: Recipe
+    rank: int
+    layer: int
+    kept: dict        # kind → bytes, the engine's (`layer_keeps`)
+    megatron: dict    # term → bytes, Megatron's for the recipe's recompute choice
+    selective: dict   # term → bytes, Megatron's with selective recompute of the core attention
+    casts: float      # the step's bf16 copies of the weights on the rank
+
+def layer_account(r: Recipe | str, rank: int = 0) -> LayerAccount:
+    "The middle layer of rank `rank` of `r` (traced in a fresh process) beside Megatron's accounts."
+    r = get_recipe(r) if isinstance(r, str) else r
+    per = layer_keeps(in_process(f"running a forward of rank {rank} of {r.name}", 'forward_keeps', r, rank))
+    layers = sorted(k for k in per if isinstance(k, int))
+    middle = layers[len(layers) // 2]
+    core = override(r, 'parallel.activation_checkpointing=selective', 'parallel.checkpoint_modules=[core]')
+    return LayerAccount(r, rank, middle, per[middle], megatron_layer_bytes(r), megatron_layer_bytes(core),
+                        sum(per.get('casts', {}).values()))
+
+def traced_per_layer(t: RankTrace, r: Recipe) -> float:
+    "A traced rank's activation peak per layer per micro-batch in flight (its layers and `in_flight` micro-batches)."
+    from nxpretrain.plan import in_flight
+    from nxpretrain.parallel.pipeline import pipeline_stages
+    p = r.parallel
+    stages = pipeline_stages(r.model.n_layers, p.pp * p.virtual_pp, p.pp_cuts)
+    layers = sum(len(stages[s]) for s in t.stages)
+    return t.activations / (layers * in_flight(r))
+
+# %% ../nbs/api/36_trace.ipynb #8bce84ed
+def _mib(x: float) -> str: return f"{x / 2**20:.1f}"
+
+def render_layers(accounts: list, traced: dict | None = None) -> str:
+    "The per-layer table of `accounts` (`LayerAccount`s); `traced`: {recipe name: `traced_per_layer` bytes}."
+    traced = traced or {}
+    head = ['recipe', 'layout', 'engine', 'Megatron', '×', 'Megatron core', '×', 'traced/layer', '×']
+    rows = []
+    for a in accounts:
+        p, kept = a.recipe.parallel, sum(a.kept.values())
+        same, core = sum(a.megatron.values()), sum(a.selective.values())
+        redo = p.activation_checkpointing + (f" [{', '.join(p.checkpoint_modules)}]" if p.checkpoint_modules else '')
+        layout = f"TP {p.tp} · PP {p.pp}{' · SP' if p.sequence_parallel else ''} · {redo}"
+        t = traced.get(a.recipe.name)
+        rows.append([a.recipe.name, layout, _mib(kept), _mib(same), f"{kept / same:.2f}", _mib(core),
+                     f"{kept / core:.2f}", _mib(t) if t else '–', f"{t / core:.2f}" if t else '–'])
+    lines = ['per layer per micro-batch, MiB (×: engine ÷ Megatron)', *_aligned([head, *rows])]
+    for a in accounts:
+        lines += ['', f"{a.recipe.name}, rank {a.rank}, layer {a.layer}: the engine keeps"]
+        lines += _aligned([[f"  {k}", _mib(v)] for k, v in sorted(a.kept.items(), key=lambda kv: -kv[1])])
+        lines += [f"  (and, once per step, {_mib(a.casts)} MiB of bf16 weight copies on the rank)",
+                  "Megatron, the recipe's recompute choice:"]
+        lines += _aligned([[f"  {k}", _mib(v)] for k, v in a.megatron.items() if v])
+    return '\n'.join(lines)

@@ -19,10 +19,9 @@ def test_recipes_validate_and_plan(name):
     r = validate(get_recipe(name))
     p = plan(r)
     assert not p.problems, str(p)
-    # NeMo's 512 micro-batches × 12 virtual stages: torch's pipeline schedule keeps a receive
-    if name == 'gpt3_175b_p4de':
-        assert not p.fits and p.memory.buffers > 250 * 2**30, str(p)   # buffer per micro-batch, chunk and direction
-    else: assert p.fits, str(p)
+    assert p.fits, str(p)
+    # NeMo's 512 micro-batches × 12 virtual stages: only the receive buffers of the passes in flight are alive
+    assert p.memory.buffers < 3 * 2**30, str(p)
     assert r.data.blend[1::2] == [f'/fsx/data/the_pile_gpt3/my-gpt3_{i:02d}_text_document' for i in range(30)]
     assert 'departs from NeMo' in r.notes and r.cluster.profile == 'p4de.24xlarge'
     assert p.world == r.cluster.nodes * 8

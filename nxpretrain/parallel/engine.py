@@ -21,7 +21,7 @@ from .pipeline import pipeline_stages, split_stage, build_schedule, forward_only
 from .tensor import replicate_kv_heads, kv_replicated_params, sum_kv_replica_grads, apply_tp
 from .context import use_ring_attention, add_positions_hook
 from .activation import apply_activation_checkpointing
-from .saved import keep_less_in_blocks
+from .saved import keep_less_in_blocks, clear_copies
 from .compile import compile_blocks
 from .data import apply_fsdp, dp_shard
 from .init import init_parts
@@ -97,12 +97,16 @@ class ParallelModel:
             if have: view._modules[name] = have[0]
         return view
 
+    @contextlib.contextmanager
     def autocast(self):
         """bf16 autocast around forward (parameters and optimizer stay fp32) unless FSDP's mixed-precision policy
-        already casts."""
-        if self.par.precision == 'bf16' and not self.fsdp:
-            return torch.autocast(self.state.torch_device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        already casts; leaving it drops the step's bf16 copies of the weights (`parallel.saved.cast_weights`)."""
+        if self.par.precision != 'bf16' or self.fsdp:
+            yield
+            return
+        try:
+            with torch.autocast(self.state.torch_device.type, dtype=torch.bfloat16): yield
+        finally: clear_copies()
 
     @torch.no_grad()
     def loss_counts(self, labels: torch.Tensor) -> LossCounts:
@@ -330,7 +334,7 @@ def _apply_layout(part: nn.Module, stage: int, recipe: Recipe, state: ParallelSt
     add_positions_hook(part, p.cp, state.rank('cp'), p.tp if (sp and stage > 0) else 1)
     if p.tp > 1: apply_tp(part, state.mesh['tp'], sp, recipe.model.tie_embeddings, family(recipe.model.arch).tp_plan)
     recast = p.activation_checkpointing != 'none' and 'casts' in p.checkpoint_modules
-    if sp or recast: keep_less_in_blocks(part, recast)   # the gathered input's shard, the weights, not their copies
+    keep_less_in_blocks(part, region=sp or recast, recast=recast)   # the gathered input's shard; the weights' copies
     if getattr(part, 'output', None) is not None:   # the loss computes the logits, a chunk at a time
         part.output = ChunkedHead(part.output, loss_chunk_tokens(recipe), Shard(1) if sp else Replicate())
     apply_activation_checkpointing(part, p.activation_checkpointing, p.checkpoint_modules)

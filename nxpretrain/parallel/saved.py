@@ -10,10 +10,12 @@ import torch, torch.nn as nn, torch.nn.functional as F
 import torch.distributed._functional_collectives as funcol
 from torch.autograd.graph import saved_tensors_hooks
 from torch.distributed.tensor import DTensor, Replicate, Shard, Partial
+from torch.utils.weak import WeakIdKeyDictionary
 
 # %% auto #0
 __all__ = ['REGION_MODULES', 'SavedRegion', 'add_source', 'keep_less', 'start_gather', 'sequence_major',
-           'GatherSequence', 'compute_dtype', 'gather_input', 'recast_weights', 'check_saved', 'keep_less_in_blocks']
+           'GatherSequence', 'compute_dtype', 'gather_input', 'CastOncePerStep', 'clear_copies', 'cast_weights',
+           'check_saved', 'keep_less_in_blocks']
 
 # %% ../../nbs/api/34i_saved.ipynb #b94bf03e
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -169,6 +171,26 @@ def gather_input(module: nn.Module, mesh) -> nn.Module:
     return module
 
 # %% ../../nbs/api/34i_saved.ipynb #e9701098
+_STEP_COPIES = WeakIdKeyDictionary()   # weight → (its version when cast, its copy); `clear_copies` ends a step
+
+class CastOncePerStep(torch.autograd.Function):
+    "`weight` in `dtype`: one copy per step (until the weight changes), a gradient converted back per use."
+    @staticmethod
+    def forward(ctx, weight, dtype):
+        version, copy = _STEP_COPIES.get(weight, (None, None))
+        if version != weight._version:
+            copy = weight.to(dtype)
+            _STEP_COPIES[weight] = (weight._version, copy)
+        ctx.dtype = weight.dtype
+        return copy.detach()   # a tensor of its own (the node is set on it), sharing the copy's storage
+
+    @staticmethod
+    def backward(ctx, grad): return grad.to(ctx.dtype), None
+
+def clear_copies():
+    "Drop the step's bf16 copies of the weights (at the end of a step, as leaving autocast does)."
+    _STEP_COPIES.clear()
+
 class _Recast(_Source):
     "A weight's bf16 copy, cast again from the weight."
     def __init__(self, weight: torch.Tensor, copy: torch.Tensor):
@@ -178,17 +200,20 @@ class _Recast(_Source):
     @torch.no_grad()
     def rebuild(self) -> torch.Tensor: return _local(self.weight).to(self.dtype)
 
-def _linear_forward(lin: nn.Linear, x):
+def _linear_forward(lin: nn.Linear, recompute: bool, x):
     dtype = compute_dtype(lin.weight)
     if dtype == lin.weight.dtype: return F.linear(x, lin.weight, lin.bias)
-    weight = lin.weight.to(dtype)
-    add_source(_Recast(lin.weight, weight))
+    if recompute:
+        weight = lin.weight.to(dtype)
+        add_source(_Recast(lin.weight, weight))
+    else: weight = CastOncePerStep.apply(lin.weight, dtype)
     return F.linear(x, weight, None if lin.bias is None else lin.bias.to(dtype))
 
-def recast_weights(module: nn.Module) -> nn.Module:
-    "Make the linear layers of `module` cast their weights per use; the region in force keeps none of the copies."
+def cast_weights(module: nn.Module, recompute: bool = False) -> nn.Module:
+    """Make the linear layers of `module` take their bf16 weights through `CastOncePerStep`, or with `recompute` cast
+    them per use and rebuild the copies a matmul saves in backward."""
     for lin in module.modules():
-        if isinstance(lin, nn.Linear): lin.forward = functools.partial(_linear_forward, lin)
+        if isinstance(lin, nn.Linear): lin.forward = functools.partial(_linear_forward, lin, recompute)
     return module
 
 # %% ../../nbs/api/34i_saved.ipynb #a3c952fb
@@ -207,7 +232,7 @@ def check_saved(seed: int = 0) -> dict:
     mlp = SwiGLU(16, 32)
     parallelize_module(mlp, mesh, {'w1': ColwiseParallel(), 'w3': ColwiseParallel(),
                                    'w2': RowwiseParallel(output_layouts=Shard(1))})
-    keep_less(recast_weights(gather_input(mlp, mesh)))
+    keep_less(cast_weights(gather_input(mlp, mesh), recompute=True))
     x, dy = torch.randn(2, 4 * tp, 16), torch.randn(2, 4 * tp, 16)
     gathered = []
     mlp.w1.register_forward_pre_hook(lambda m, args: gathered.append(weakref.ref(_local(args[0]).untyped_storage())))
@@ -231,11 +256,11 @@ def check_saved(seed: int = 0) -> dict:
 # %% ../../nbs/api/34i_saved.ipynb #8bd6cd3e
 REGION_MODULES = ('attention', 'mlp')   # the sub-modules of a block that run in a region of their own
 
-def keep_less_in_blocks(part: nn.Module, recast: bool = False) -> nn.Module:
-    "Give the attention and MLP of every block of `part` a `SavedRegion`; with `recast`, weights cast per use."
+def keep_less_in_blocks(part: nn.Module, region: bool, recast: bool = False) -> nn.Module:
+    """Give the linear layers of every block's attention and MLP their bf16 weights through `cast_weights` (with
+    `recast`, cast per use and rebuilt in backward), and, with `region`, a `SavedRegion` to each of those modules."""
     for block in part.layers.values():
         for name in REGION_MODULES:
-            module = block.get_submodule(name)
-            if recast: recast_weights(module)
-            keep_less(module)
+            module = cast_weights(block.get_submodule(name), recast)
+            if region: keep_less(module)
     return part
