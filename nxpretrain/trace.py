@@ -515,8 +515,7 @@ def megatron_layer_bytes(r: Recipe) -> dict:
            'MLP dropout mask': mask}
     kinds = set(p.checkpoint_modules) if p.activation_checkpointing == 'selective' else set()
     if p.activation_checkpointing == 'full': return {'layer input': 2 * in_t}
-    if 'attention' in kinds: attention = {'attention input': 2 * in_t}
-    elif 'core' in kinds: attention.pop('attention output')
+    if 'attention' in kinds: attention = {'attention input': 2 * in_t}   # (`core` drops only the s×s terms)
     if 'mlp' in kinds: mlp = {'MLP input': 2 * in_t}
     return {'norm inputs': 4 * in_t, **attention, **mlp}
 
