@@ -59,7 +59,7 @@ def _print_json(obj): print(json.dumps(obj, indent=1, default=str))
 def _recipes(a):
     from nxpretrain.recipes import CATALOG, ALIASES
     from nxpretrain.plan import model_parameters
-    from nxpretrain.recipes import world_size
+    from nxpretrain.config import world_size
     rows = [dict(name=name, parameters=model_parameters(r.model), nodes=r.cluster.nodes, profile=r.cluster.profile,
                  devices=world_size(r), aliases=[k for k, v in ALIASES.items() if v == name], source=r.source)
             for name, r in CATALOG.items()]
@@ -71,7 +71,7 @@ def _recipes(a):
 
 def _show(a):
     from nxpretrain.stages import load_recipe
-    from nxpretrain.recipes import to_yaml, to_dict
+    from nxpretrain.config import to_yaml, to_dict
     r = load_recipe(a.model, a.overrides)
     if a.json: return _print_json(to_dict(r))
     print(to_yaml(r), end='')
@@ -88,7 +88,7 @@ def _plan(a):
 
 def _trace(r, a):
     "The `--trace` of `nxpretrain plan`: one full-size step of the chosen ranks (`--ranks first,last,N`)."
-    from nxpretrain.recipes import world_size
+    from nxpretrain.config import world_size
     from nxpretrain.trace import trace
     if a.world and a.world != world_size(r):
         raise RecipeError(f"--trace traces {r.name} on its own cluster ({world_size(r)} devices), not --world "

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import math
 from pathlib import Path
-from .recipes import Recipe
+from .config import Recipe
 
 # %% auto #0
 __all__ = ['load_model', 'perplexity', 'trainer_validation', 'evaluation_table', 'generate', 'sample_text']
@@ -14,8 +14,8 @@ __all__ = ['load_model', 'perplexity', 'trainer_validation', 'evaluation_table',
 # %% ../nbs/api/61_evaluate.ipynb #0046c7d8
 def load_model(checkpoint, recipe: Recipe | None = None):
     "(model in eval mode, recipe) from a checkpoint folder (`checkpoints/step_<N>`)."
-    from nxpretrain.models import build_model
-    from nxpretrain.recipes import padded_vocab
+    from nxpretrain.models.registry import build_model
+    from nxpretrain.models.config import padded_vocab
     from nxpretrain.train.checkpoint import load_weights
     from nxpretrain.train.hf import checkpoint_recipe
     r = recipe or checkpoint_recipe(checkpoint)
@@ -29,7 +29,7 @@ def perplexity(checkpoint, steps: int | None = None, recipe: Recipe | None = Non
     `dataset`)."""
     from dataclasses import replace
     from nxpretrain.errors import DataError
-    from nxpretrain.recipes import ParallelConfig
+    from nxpretrain.config import ParallelConfig
     from nxpretrain.parallel.state import parallel_session
     from nxpretrain.parallel.engine import parallelize
     from nxpretrain.train.trainer import evaluate_loss, build_datasets

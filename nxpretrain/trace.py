@@ -11,28 +11,30 @@ import torch, torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
-from .recipes import (Recipe, RecipeError, world_size, data_parallel_size, override, problems, get_recipe,
-                                attention_kernel)
+from .config import Recipe, world_size, data_parallel_size, override
+from .errors import RecipeError
+from .validate import problems
+from .recipes import get_recipe
+from .parallel.kernels import attention_kernel
 from .clusters import profile
 
 # %% auto #0
-__all__ = ['EXPORTED_PROFILES', 'MESH_GROUPS', 'CATEGORIES', 'untraceable', 'trace_note', 'fake_rank', 'group_dims',
-           'StepTracker', 'static_pipeline', 'p2p_buffer_bytes', 'micro_batches', 'traced_micro_batches',
-           'with_micro_batches', 'RankTrace', 'trace_rank', 'Trace', 'planned', 'default_ranks', 'trace_in_process',
-           'trace', 'render']
+__all__ = ['MESH_GROUPS', 'CATEGORIES', 'untraceable', 'trace_note', 'fake_rank', 'group_dims', 'StepTracker',
+           'static_pipeline', 'p2p_buffer_bytes', 'micro_batches', 'traced_micro_batches', 'with_micro_batches',
+           'RankTrace', 'trace_rank', 'Trace', 'planned', 'default_ranks', 'trace_in_process', 'trace', 'render']
 
 # %% ../nbs/api/36_trace.ipynb #901a388d
-EXPORTED_PROFILES = {'trn1.32xlarge': "trn1 runs go through NxD Training (`nxpretrain compile` exports them): this "
-                                      "traces nxpretrain's engine on the same layout, not that run"}
-
 def untraceable(r: Recipe) -> str | None:
     "Why `r` cannot be traced (one line naming the field and the fix), or None when it can."
-    if errs := problems(r): return f"{r.name} cannot be traced: {errs[0]}"
+    if errs := problems(r, engine=False): return f"{r.name} cannot be traced: {errs[0]}"
     return None
 
 def trace_note(r: Recipe) -> str | None:
-    "What a trace of `r` does not show, or None."
-    return EXPORTED_PROFILES.get(profile(r.cluster.profile).name)
+    "What a trace of `r` does not show, or None: a job of another engine is traced as nxpretrain's engine would run it."
+    if r.engine == 'native': return None
+    from nxpretrain.launch.engine import engine_of
+    return (f"{r.name}'s job runs on {engine_of(r).framework} (engine={r.engine}): this traces nxpretrain's engine on the "
+            "same layout (engine=native), not that run")
 
 # %% ../nbs/api/36_trace.ipynb #54422275
 MESH_GROUPS = ('dp_cp', 'pp', 'dp', 'cp', 'tp')   # later names win where two dims share one group
@@ -231,7 +233,7 @@ def _step(pm, r: Recipe, tracker: StepTracker, scale: float) -> tuple:
 
 def _extra_inputs(r: Recipe, tokens) -> dict:
     "BERT's further inputs (NSP labels, token types, attention mask) for a batch like `tokens`."
-    from nxpretrain.families import family
+    from nxpretrain.models.registry import family
     if family(r.model.arch).objective != 'mlm_nsp': return {}
     return dict(nsp_labels=torch.zeros(tokens.shape[0], dtype=torch.long), token_types=torch.zeros_like(tokens),
                 attention_mask=torch.ones_like(tokens))
@@ -314,8 +316,9 @@ class Trace:
 # %% ../nbs/api/36_trace.ipynb #e62a4d82
 def planned(r: Recipe) -> dict:
     "The planner's per-device bytes by category, and its collective payload bytes per step by mesh dimension."
-    from nxpretrain.plan import memory_per_device, communication_bytes
-    m = memory_per_device(r)
+    from nxpretrain.plan import engine_memory, communication_bytes
+    from nxpretrain.config import data_parallel_size
+    m = engine_memory(r, max(data_parallel_size(r), 1))   # the trace runs nxpretrain's engine, whatever runs the job
     out = dict(parameters=m.weights, gradients=m.grads, optimizer=m.optimizer, activations=m.activations,
                comm_buffers=m.buffers, total=m.total)
     return out | communication_bytes(r)
@@ -387,10 +390,7 @@ def render(t: Trace) -> str:
     ]
     lines += ['', 'per rank, GiB (comm: collective payload per step)', *_aligned([head, *rows])]
     cmp = [[item, _gib(a), _gib(b), f"{d:+.1%}" if math.isfinite(d) else 'n/a'] for item, a, b, d in t.comparison()]
-    from nxpretrain.plan import runs_engine
-    title = 'planner vs trace (busiest traced rank), GiB'
-    if not runs_engine(r):   # the plan of a trn1 recipe is NxD Training's account of its own run
-        title = "NxD Training's run as planned vs nxpretrain's engine traced on its layout (not expected to agree), GiB"
+    title = "nxpretrain's engine: planned vs traced (busiest traced rank), GiB"
     lines += ['', title, *_aligned([['item', 'planned', 'traced', 'diff'], *cmp])]
     return '\n'.join(lines)
 

@@ -97,7 +97,7 @@ def test_compile_options_anywhere(where, workdir):
     argv = placed(where, ['compile', 'gpt3_23b'], ['optim.lr=1e-4', 'trainer.max_steps=1000'],
                   ['--cluster', 'trn1', '--out', 'c'])
     out = ok(*argv)
-    assert 'nxdt-compile' in out and (workdir / 'c/compile.sbatch').exists()
+    assert 'mode           compile' in out and (workdir / 'c/compile.sbatch').exists()
     assert any('lr: 0.0001' in f.read_text() for f in (workdir / 'c').rglob('*.yaml'))
 
 
@@ -126,7 +126,7 @@ def checkpoint(tmp_path_factory):
 
 def test_train_here_options_between_overrides(checkpoint):
     "The run's recipe carries the overrides given around the options."
-    from nxpretrain.recipes import from_yaml
+    from nxpretrain.config import from_yaml
     r = from_yaml(next(checkpoint.parent.parent.rglob('recipe.yaml')))
     assert (r.optim.lr, r.trainer.log_every, r.trainer.max_steps) == (2e-3, 1, 2)
 

@@ -3,7 +3,9 @@ container with its mounts and pass `sbatch --test-only` on a controller shaped l
 reads pre-made `.bin/.idx` prefixes as they are (a small copy of the layout trains two steps)."""
 import numpy as np
 import pytest
-from nxpretrain.recipes import get_recipe, override, validate
+from nxpretrain.recipes import get_recipe
+from nxpretrain.config import override
+from nxpretrain.validate import validate
 from nxpretrain.plan import plan
 from nxpretrain.clusters import profile
 from nxpretrain.launch.job import make_job

@@ -145,9 +145,10 @@ SEED3_TORCHRUN = [
 
 @pytest.fixture(scope='module')
 def bert(tmp_path_factory):
-    from nxpretrain.launch.nxdt import export_trn1
+    from nxpretrain.launch.engine import get_engine
+    from nxpretrain.recipes import get_recipe
     d = tmp_path_factory.mktemp('bert')
-    return d, export_trn1('bert_large', d / 'run', cache_url=str(d / 'cache'))
+    return d, get_engine('native').export(get_recipe('bert_large'), d / 'run', cache_url=str(d / 'cache'))
 
 
 def test_bert_run_script_environment_is_seed3s(bert):

@@ -4,7 +4,9 @@ passes exactly when the engine builds that layout for the first and the last ran
 equality matrix of test_parallel.py."""
 import itertools, pytest, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from nxpretrain.recipes import CATALOG, override, problems
+from nxpretrain.recipes import CATALOG
+from nxpretrain.config import override
+from nxpretrain.validate import problems
 from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
 from nxpretrain.parallel.engine import build_parallel_model, attach_schedule
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 import dataclasses, re, shlex, sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from ..recipes import Recipe, ClusterConfig, RecipeError, get_recipe, override, to_yaml, validate
+from ..config import Recipe, ClusterConfig, override, to_yaml
+from ..errors import RecipeError
+from ..recipes import get_recipe
+from ..validate import validate
 from ..clusters import ClusterProfile, PROFILES, profile
 from .launcher import get_launcher
 

@@ -7,7 +7,7 @@ values it accepts, and its own example configs. Our trn1 exports are checked aga
 from __future__ import annotations
 import math
 from pathlib import Path
-from ..families import family
+from ..models.registry import family
 
 # %% auto #0
 __all__ = ['NXDT_REPO', 'NXDT_COMMIT', 'REQUIRED', 'OPTIONAL', 'ALLOWED', 'RECOMPUTE_MODULES', 'DATA_MODULES',

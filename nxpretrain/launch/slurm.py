@@ -15,7 +15,8 @@ from .job import Job, export_lines, plain_value, quote_argv, torchrun_argv, writ
 from .slurmcheck import explain_slurm, slurm_problem
 
 # %% auto #0
-__all__ = ['MAX_RESTARTS', 'sbatch_header', 'step_command', 'job_state', 'SlurmLauncher']
+__all__ = ['MAX_RESTARTS', 'REQUEUE_ON_FAILURE', 'sbatch_header', 'requeue_on_failure', 'step_command', 'job_state',
+           'SlurmLauncher']
 
 # %% ../../nbs/api/56_slurm.ipynb #06d91a70
 def sbatch_header(name, nodes, profile_: ClusterProfile, partition: str, time_limit: str, log, array='', exclusive=True,
@@ -69,6 +70,16 @@ exit "$rc"
 def _wrap(command: str) -> str:
     "Break a long command line before its options, for people reading the script."
     return re.sub(r" (?=--(?:nnodes|rdzv-id|rdzv-endpoint|recipe) |-m )", " \\\n    ", command)
+
+# %% ../../nbs/api/56_slurm.ipynb #rq0ex001
+REQUEUE_ON_FAILURE = '''requeue() {{ [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ] && scontrol requeue "$SLURM_JOB_ID"; }}
+trap 'echo "nxpretrain: time limit near: requeue"; requeue; exit 0' USR1
+{command} &
+wait $! || requeue'''
+
+def requeue_on_failure(command: str) -> str:
+    "Bash that runs `command` in the background and requeues the job when it fails or the time-limit notice comes."
+    return REQUEUE_ON_FAILURE.format(command=command, max_restarts=MAX_RESTARTS)
 
 # %% ../../nbs/api/56_slurm.ipynb #aabc0975
 def step_command(job: Job, prof: ClusterProfile) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from ..recipes import ModelConfig, padded_vocab
+from .config import ModelConfig, padded_vocab
 from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
 from ..families import ModelFamily, register_family
 
@@ -65,7 +65,7 @@ class Bert(LanguageModel):
 
 # %% ../../nbs/api/24_bert.ipynb #45366b2c
 BERT_FAMILY = register_family(ModelFamily(
-    name='bert', module='nxpretrain.models.bert:Bert', objective='mlm_nsp', layouts=('tp', 'fsdp', 'zero1'),
+    name='bert', model=Bert, objective='mlm_nsp', layouts=('tp', 'fsdp', 'zero1'),
     tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
              'mlp.w1': 'colwise', 'mlp.w2': 'rowwise'},
     rope=False, hf_architecture='BertForPreTraining', tiny=('bert_tiny', ('model.max_position=16',))))

@@ -7,7 +7,7 @@ parallel code inside."""
 from __future__ import annotations
 import torch
 import torch.nn as nn
-from ..recipes import ModelConfig, padded_vocab
+from .config import ModelConfig, padded_vocab
 from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
 from ..families import ModelFamily, register_family
 
@@ -57,9 +57,9 @@ class GPT(LanguageModel):
 
 # %% ../../nbs/api/22_gpt.ipynb #bdf0b0d3
 GPT_FAMILY = register_family(ModelFamily(
-    name='gpt', module='nxpretrain.models.gpt:GPT', objective='causal_lm',
+    name='gpt', model=GPT, objective='causal_lm',
     tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
              'mlp.w1': 'colwise', 'mlp.w2': 'rowwise'},
     rope=False, hf_architecture='GPT2LMHeadModel', hf_tied_head='lm_head.weight', nxdt_source='megatron',
-    nxdt_example='megatron_gpt_config',
+    nxdt_example='megatron_gpt_config', megatron_script='pretrain_gpt.py',
     tiny=('gpt3_tiny', ())))

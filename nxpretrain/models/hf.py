@@ -7,7 +7,8 @@ pure mappings, no files, no hub – and the numerics proof against those models.
 from __future__ import annotations
 import re
 import torch
-from ..recipes import ModelConfig, RecipeError, padded_vocab
+from .config import ModelConfig, padded_vocab
+from ..errors import RecipeError
 
 # %% auto #0
 __all__ = ['to_hf_config', 'from_hf_config', 'hf_loaders', 'check_hf_shapes', 'from_hf_state_dict', 'hf_tensors',
@@ -152,7 +153,7 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))]) if rows > t.shape[0] else t
 
 def _expected_hf_shapes(cfg: ModelConfig, vocab_size: int) -> dict:
-    from nxpretrain.models import build_model
+    from nxpretrain.models.registry import build_model
     with torch.device('meta'): sd = build_model(cfg, vocab_size).state_dict()
     return {k: tuple(v.shape) for k, v in sd.items()}
 

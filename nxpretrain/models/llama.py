@@ -7,7 +7,7 @@ grouped-query attention."""
 from __future__ import annotations
 import torch
 import torch.nn as nn
-from ..recipes import ModelConfig, padded_vocab
+from .config import ModelConfig, padded_vocab
 from .blocks import (Attention, SwiGLU, RMSNorm, TransformerBlock, LanguageModel, rope_inv_freq,
                                       rope_cos_sin, count_parameters)
 from ..families import ModelFamily, register_family
@@ -49,7 +49,7 @@ class Llama(LanguageModel):
 
 # %% ../../nbs/api/23_llama.ipynb #1c900841
 LLAMA_FAMILY = register_family(ModelFamily(
-    name='llama', module='nxpretrain.models.llama:Llama', objective='causal_lm',
+    name='llama', model=Llama, objective='causal_lm',
     tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
              'mlp.w1': 'colwise', 'mlp.w3': 'colwise', 'mlp.w2': 'rowwise'},
     rope=True, norm_keeps=2, hf_architecture='LlamaForCausalLM', nxdt_source='hf', nxdt_example='hf_llama3_70B_config',

@@ -7,11 +7,12 @@ data; compare losses, gradients, norms and weights."""
 from __future__ import annotations
 import copy, time
 import torch, torch.distributed as dist
-from ..recipes import Recipe, get_recipe
-from ..models import build_model
+from ..config import Recipe
+from ..recipes import get_recipe
+from ..models.registry import build_model
 from .state import initialize_model_parallel, destroy_model_parallel
-from ..recipes import padded_vocab
-from ..families import family
+from ..models.config import padded_vocab
+from ..models.registry import family
 from .engine import build_parallel_model, param_groups
 from .loss import LossCounts, pretraining_loss, IGNORE_INDEX
 from .data import dp_shard

@@ -9,7 +9,9 @@ import contextlib, os, re, sys, logging, datetime, subprocess
 from dataclasses import dataclass
 import torch, torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from ..recipes import Recipe, ParallelConfig, RecipeError, validate
+from ..config import Recipe, ParallelConfig
+from ..errors import RecipeError
+from ..validate import validate
 
 # %% auto #0
 __all__ = ['BACKENDS', 'MESH_DIMS', 'neuron_available', 'resolve_device', 'backend_for', 'LaunchEnv', 'launch_env',

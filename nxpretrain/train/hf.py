@@ -7,7 +7,9 @@ any layout; export our checkpoints to folders `transformers` loads with matching
 from __future__ import annotations
 import json
 from pathlib import Path
-from ..recipes import Recipe, ModelConfig, RecipeError, from_dict, padded_vocab
+from ..config import Recipe, from_dict
+from ..models.config import ModelConfig, padded_vocab
+from ..errors import RecipeError
 
 # %% auto #0
 __all__ = ['open_hf_folder', 'read_hf_folder', 'hf_model_config', 'import_hf', 'checkpoint_recipe',
@@ -48,9 +50,9 @@ def import_hf(path, out, recipe: Recipe | None = None):
     import torch
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
     from nxpretrain.models.hf import from_hf_config, hf_loaders, check_hf_shapes
-    from nxpretrain.models import build_model
+    from nxpretrain.models.registry import build_model
     from nxpretrain.train.checkpoint import Checkpointer
-    from nxpretrain.recipes import to_dict
+    from nxpretrain.config import to_dict
     config, shapes, take = open_hf_folder(path)
     cfg = recipe.model if recipe is not None else from_hf_config(config)
     V = padded_vocab(cfg)
@@ -137,7 +139,7 @@ def export_hf(checkpoint, out, recipe: Recipe | None = None, dtype=None, max_sha
     """Write checkpoint `checkpoint` as an HF folder `out` (config.json + safetensors); `dtype` e.g. torch.bfloat16 to
     cast."""
     from nxpretrain.models.hf import to_hf_config, hf_tensors
-    from nxpretrain.families import family
+    from nxpretrain.models.registry import family
     r = recipe or checkpoint_recipe(checkpoint)
     fam = family(r.model.arch)
     meta, take = checkpoint_tensors(checkpoint)

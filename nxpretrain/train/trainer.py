@@ -9,9 +9,12 @@ from __future__ import annotations
 import json, math, os, signal, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
-from ..recipes import Recipe, RecipeError, padded_vocab, validate, to_dict
+from ..config import Recipe, to_dict
+from ..errors import RecipeError
+from ..models.config import padded_vocab
+from ..validate import validate
 from ..errors import EXIT_REQUEUE, TrainingError
-from ..families import family
+from ..models.registry import family
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'SyntheticTokens',
@@ -151,7 +154,7 @@ class StopFlag:
 def precision_for_device(recipe: Recipe, device, log=print) -> Recipe:
     "`recipe`, with fp32 instead of bf16 on a CPU that has no native bf16."
     from nxpretrain.train.metrics import cpu_bf16_ok
-    from nxpretrain.recipes import override
+    from nxpretrain.config import override
     if recipe.parallel.precision != 'bf16' or device.type != 'cpu' or cpu_bf16_ok(): return recipe
     log("parallel.precision=bf16 but this CPU has no native bf16 (avx512_bf16/amx): training in fp32")
     return override(recipe, 'parallel.precision=fp32')
@@ -253,7 +256,7 @@ class Trainer:
         from nxpretrain.train.checkpoint import rank, world, TrainState
         from nxpretrain.train.metrics import Progress
         from nxpretrain.train.trackers import Trackers
-        from nxpretrain.recipes import to_yaml
+        from nxpretrain.config import to_yaml
         from nxpretrain.train.allocator import keep_freed_memory
         tr = self.recipe.trainer
         if tr.threads > 0: torch.set_num_threads(tr.threads)
@@ -325,7 +328,7 @@ class Trainer:
     def log_step(self, loss: float, gnorm, lr: float, dt: float):
         "The step's line in `steps.jsonl`, the progress bar, and every `log_every` steps the seeds' line and scalars."
         from nxpretrain.perf import mfu as model_flops_utilisation, peak_tflops
-        from nxpretrain.recipes import padded_vocab
+        from nxpretrain.models.config import padded_vocab
         s, r, res = self.state, self.recipe, self.result
         self.step_time += dt
         self.win_time += dt
@@ -376,7 +379,7 @@ class Trainer:
     def save(self, loss: float, lr: float, signalled: bool, time_due: bool):
         "A checkpoint when the policy says so (`Checkpointer.maybe_save`)."
         from nxpretrain.train.checkpoint import TrainingStateDict
-        from nxpretrain.recipes import to_dict
+        from nxpretrain.config import to_dict
         r, s, tr = self.recipe, self.state, self.recipe.trainer
         layout = dict(tp=r.parallel.tp, pp=r.parallel.pp, cp=r.parallel.cp, dp=self.st.dp)
         meta = dict(s.state_dict(), loss=loss, lr=lr, world=self.n_world, layout=layout, recipe=to_dict(r))
