@@ -31,7 +31,7 @@ from nxpretrain.config import override
 from nxpretrain.parallel.kernels import attention_kernel, loss_chunk_tokens
 from nxpretrain.models.registry import build_model
 from nxpretrain.models.blocks import count_parameters
-from nxpretrain.models.hf import to_hf_config, from_hf_state_dict
+from nxpretrain.models.hf_mapping import to_hf_config, from_hf_state_dict
 from nxpretrain.perf import measure_matmul_tflops, model_flops_per_token, step_profile
 from nxpretrain.train.allocator import keep_freed_memory
 from nxpretrain.machine import cpu_flags

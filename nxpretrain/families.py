@@ -6,12 +6,28 @@ family's own module."""
 # %% ../nbs/api/04_families.ipynb #c4e84d2c
 from __future__ import annotations
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Callable, Literal
 
 # %% auto #0
-__all__ = ['LAYOUTS', 'LAYOUT_FIELDS', 'FAMILIES', 'ModelFamily', 'register_family']
+__all__ = ['LAYOUTS', 'LAYOUT_FIELDS', 'FAMILIES', 'HFAdapter', 'ModelFamily', 'register_family']
 
 # %% ../nbs/api/04_families.ipynb #2b777e7f
+@dataclass(frozen=True)
+class HFAdapter:
+    "A family's Hugging Face side: its class, its config both ways, and its tensor names."
+    architecture: str                # the transformers class, e.g. 'GPT2LMHeadModel'
+    model_type: str                  # config.json's `model_type`: gpt2, llama, bert, …
+    to_config: Callable              # ModelConfig → a transformers config object
+    from_config: Callable            # a config.json dict → ModelConfig
+    tensors: tuple                   # (our name, HF name, kind); `{i}` a layer; kind '' | 'T' (transposed) | 'vocab' (padded)
+    tied_head: str | None = None     # the HF name transformers re-ties from the embedding: not written when tied
+    aliases: dict = field(default_factory=dict)   # HF name → other HF names of the same tensor, written too
+    ignored: str = ''                # a regex of HF names that hold buffers, not weights
+    hf_names: Callable | None = None # HF names as saved → {the names `tensors` uses: as saved}
+    fused_loaders: Callable | None = None   # (cfg, need) → {our name: make(take)} for tensors HF fuses
+    fused_tensors: Callable | None = None   # (cfg, take) → (HF name, tensor) for tensors HF fuses
+
+# %% ../nbs/api/04_families.ipynb #c216d4ae
 LAYOUTS = ('tp', 'sp', 'pp', 'cp', 'fsdp', 'zero1')
 LAYOUT_FIELDS = {'tp': 'parallel.tp>1', 'sp': 'parallel.sequence_parallel=true', 'pp': 'parallel.pp>1',
                  'cp': 'parallel.cp>1', 'fsdp': 'parallel.fsdp=true', 'zero1': 'parallel.zero1=true'}
@@ -26,8 +42,7 @@ class ModelFamily:
     tp_plan: dict = field(default_factory=dict)      # block-relative linear name → 'colwise' | 'rowwise'
     rope: bool = False                               # rotary positions (else a learned position table)
     norm_keeps: int = 1                              # hidden-size fp32 tensors a norm keeps for backward (RMSNorm: 2)
-    hf_architecture: str | None = None               # transformers class name, e.g. 'LlamaForCausalLM'
-    hf_tied_head: str | None = None                  # HF key that transformers re-ties from the embedding
+    hf: HFAdapter | None = None                      # how it meets Hugging Face transformers
     nxdt_source: Literal['hf', 'megatron', None] = None   # how NxD Training builds it on trn1
     nxdt_example: str | None = None                  # NxDT example config for recipes it has none for
     megatron_script: str | None = None               # Megatron-LM's training script for it, e.g. 'pretrain_gpt.py'

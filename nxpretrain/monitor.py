@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from .train.metrics import METRICS
+from .launch.launcher import find_launcher
 
 # %% auto #0
-__all__ = ['events', 'scalars', 'steps', 'plot_run', 'runs', 'find_job', 'job_status', 'progress', 'status_table',
-           'log_tail', 'node_table', 'show_job', 'JobWatch', 'follow_job', 'watch_job']
+__all__ = ['events', 'scalars', 'steps', 'plot_run', 'runs', 'job_status', 'progress', 'status_table', 'log_tail',
+           'node_table', 'show_job', 'JobWatch', 'follow_job', 'watch_job']
 
 # %% ../nbs/api/60_monitor.ipynb #f206ad96
 def events(run_dir) -> 'pd.DataFrame':
@@ -84,59 +85,10 @@ def runs(out_dir='runs') -> 'pd.DataFrame':
     return pd.DataFrame(rows,
                         columns=['run', 'model', 'step', 'loss', 'checkpoint', 'notebook', 'exit_code', 'stopped'])
 
-# %% ../nbs/api/60_monitor.ipynb #fabc685c
-def _other_clusters(job_id, here) -> str:
-    from nxpretrain.launch.launcher import find_records
-    other = sorted(
-        {f"{r.get('scheduler', 'slurm')} cluster {r.get('cluster', '')!r}" for r in find_records(job_id)} - set(here)
-    )
-    return f"; the index has it from {', '.join(other)}, not from here" if other else ''
-
-def find_job(job_id, schedulers=('local', 'slurm')) -> tuple['Launcher', str]:
-    """(launcher, id) of `job_id` on a cluster that answers here (`scheduler:id` names one); a one-line `LaunchError` if
-    none has it."""
-    from nxpretrain.errors import LaunchError
-    from nxpretrain.launch.launcher import find_records, get_launcher
-    head, sep, rest = str(job_id).partition(':')
-    names, jid = ([head], rest) if sep else (list(schedulers), str(job_id))
-    here, why = [], []
-    for name in names:
-        ln = get_launcher(name)
-        if (no := ln.reachable()):
-            why.append(f"{name} ({no})")
-            continue
-        here.append(f"{name} cluster {ln.cluster!r}")
-        if find_records(jid, name, ln.cluster): return ln, jid
-        if hasattr(ln, '_listed') and ln._listed(jid): return ln, jid       # a job submitted by other means
-    looked = ', '.join(here + why) or 'no scheduler'
-    raise LaunchError(f"job {jid}: no such job on {looked}{_other_clusters(jid, here)};"
-                      " list the jobs here with `nxpretrain jobs`")
-
 # %% ../nbs/api/60_monitor.ipynb #e456e093
 def _ended(s, run_dir, rec):
-    """Final state and elapsed time of an ended job: Slurm's `scontrol` or `sacct`, else the run's exit status and its
-    log."""
-    import re, shutil, subprocess
+    "An ended job the scheduler no longer knows: its final state from the run's exit status, its time from its log."
     from nxpretrain.launch.launcher import JobState
-    if s.scheduler == 'slurm' and shutil.which('scontrol'):  # Slurm keeps an ended job for MinJobAge (300 s by default)
-        p = subprocess.run(['scontrol', '-o', 'show', 'job', s.job_id], capture_output=True, text=True, timeout=30)
-        kv = dict(re.findall(r'(\w+)=(\S*)', p.stdout)) if p.returncode == 0 else {}
-        if 'RunTime' in kv:
-            from nxpretrain.launch.slurm import job_state
-            t = [int(v) for v in re.split('[-:]', kv['RunTime'])]
-            s.elapsed_s = sum(v * m for v, m in zip(reversed(t), (1, 60, 3600, 86400)))
-            s.state, s.nodes, s.node_list = (job_state(kv.get('JobState', '')), int(kv.get('NumNodes', 0) or 0),
-                                             kv.get('NodeList', ''))
-            return s
-    if s.scheduler == 'slurm' and shutil.which('sacct'):
-        p = subprocess.run(['sacct', '-X', '-n', '-P', '-j', s.job_id, '-o', 'State,ElapsedRaw,NNodes,NodeList'],
-                           capture_output=True, text=True, timeout=30)
-        if p.returncode == 0 and (f := p.stdout.strip().splitlines()[:1]) and len(f[0].split('|')) == 4:
-            st, el, n, nl = f[0].split('|')
-            from nxpretrain.launch.slurm import job_state
-            s.state, s.elapsed_s, s.nodes, s.node_list, s.reason = (job_state(st), float(el or 0), int(n or 0), nl,
-                                                                    'from sacct')
-            return s
     ex = Path(run_dir or '/nonexistent') / 'exit_status.json'
     if ex.exists():
         code = json.loads(ex.read_text()).get('code')
@@ -147,9 +99,9 @@ def _ended(s, run_dir, rec):
     return s
 
 def job_status(job_id, run_dir=None) -> 'JobStatus':
-    "The status of `job_id` (see `find_job`); once the scheduler forgets it, its final state and true elapsed time."
+    "The status of `job_id` (see `find_launcher`); once the scheduler forgets it, its final state and true elapsed time."
     from nxpretrain.launch.launcher import JobState, find_records
-    ln, jid = find_job(job_id)
+    ln, jid = find_launcher(job_id)
     s = ln.status(jid)
     if s.state == JobState.UNKNOWN or (s.done and not s.elapsed_s):
         rec = (find_records(jid, ln.scheduler, ln.cluster) or [{}])[0]
@@ -197,19 +149,16 @@ def status_table(job_id, run_dir=None, max_steps: int | None = None, log_lines: 
     )
 
 def log_tail(job_id, n: int = 20) -> str:
-    "The last `n` lines of `job_id`'s log (of the cluster `find_job` places it on)."
-    ln, jid = find_job(job_id)
+    "The last `n` lines of `job_id`'s log (of the cluster `find_launcher` places it on)."
+    ln, jid = find_launcher(job_id)
     return ln.log(jid, n)
 
 # %% ../nbs/api/60_monitor.ipynb #41eb03f1
 def node_table(job_id) -> 'Table':
-    "Per-node CPU, memory and accelerator use of running Slurm job `job_id`."
-    from nxpretrain.errors import LaunchError
-    from nxpretrain.launch.nodes import node_usage, usage_table
-    ln, jid = find_job(job_id)
-    if ln.scheduler != 'slurm':
-        raise LaunchError(f"job {jid}: per-node use is asked through Slurm; this is a {ln.scheduler} job")
-    return usage_table(node_usage(jid))
+    "Per-node CPU, memory and accelerator use of running job `job_id`, as its launcher reports it."
+    from nxpretrain.launch.nodes import usage_table
+    ln, jid = find_launcher(job_id)
+    return usage_table(ln.node_usage(jid))
 
 # %% ../nbs/api/60_monitor.ipynb #0e80f87a
 class _Text:
@@ -218,10 +167,11 @@ class _Text:
     def __repr__(self): return self.text
 
 def _node_view(s, job_id):
-    "The node table of running Slurm job `job_id`, a line saying why there is none, or None (no Slurm job running)."
+    """The node table of running job `job_id`, a line saying why there is none, or None (not running, or its scheduler
+    does not report per-node use)."""
     from nxpretrain.errors import LaunchError
     from nxpretrain.launch.launcher import JobState
-    if s.state != JobState.RUNNING or s.scheduler != 'slurm': return None
+    if s.state != JobState.RUNNING or not find_launcher(job_id)[0].reports_node_usage: return None
     try: return node_table(job_id)
     except LaunchError as e: return _Text(f"per-node use: {e}")
 

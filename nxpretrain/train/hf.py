@@ -42,14 +42,14 @@ def read_hf_folder(path) -> tuple[dict, dict]:
 # %% ../../nbs/api/45_hf.ipynb #bc592ab0
 def hf_model_config(path) -> ModelConfig:
     "Our `ModelConfig` for the HF folder at `path`."
-    from nxpretrain.models.hf import from_hf_config
+    from nxpretrain.models.hf_mapping import from_hf_config
     return from_hf_config(json.loads((Path(path) / 'config.json').read_text()))
 
 def import_hf(path, out, recipe: Recipe | None = None):
     "Write the HF model at `path` as nxpretrain checkpoint `<out>/step_0`; returns (checkpoint folder, model config)."
     import torch
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-    from nxpretrain.models.hf import from_hf_config, hf_loaders, check_hf_shapes
+    from nxpretrain.models.hf_mapping import from_hf_config, hf_loaders, check_hf_shapes
     from nxpretrain.models.registry import build_model
     from nxpretrain.train.checkpoint import Checkpointer
     from nxpretrain.config import to_dict
@@ -138,17 +138,17 @@ def checkpoint_tensors(checkpoint) -> tuple[dict, callable]:
 def export_hf(checkpoint, out, recipe: Recipe | None = None, dtype=None, max_shard_gb: float = 5.0) -> Path:
     """Write checkpoint `checkpoint` as an HF folder `out` (config.json + safetensors); `dtype` e.g. torch.bfloat16 to
     cast."""
-    from nxpretrain.models.hf import to_hf_config, hf_tensors
+    from nxpretrain.models.hf_mapping import to_hf_config, hf_tensors
     from nxpretrain.models.registry import family
     r = recipe or checkpoint_recipe(checkpoint)
     fam = family(r.model.arch)
     meta, take = checkpoint_tensors(checkpoint)
     tensors = ((k, v if dtype is None else v.to(dtype)) for k, v in hf_tensors(r.model, take, meta.__contains__)
-               if not (k == fam.hf_tied_head and r.model.tie_embeddings))  # transformers re-ties it from the embedding
+               if not (k == fam.hf.tied_head and r.model.tie_embeddings))  # transformers re-ties it from the embedding
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     hf_cfg = to_hf_config(r.model)
-    hf_cfg.architectures = [fam.hf_architecture]
+    hf_cfg.architectures = [fam.hf.architecture]
     if dtype is not None: hf_cfg.torch_dtype = str(dtype).removeprefix('torch.')
     hf_cfg.to_json_file(str(out / 'config.json'))
     _write_safetensors(tensors, out, int(max_shard_gb * 2**30))
