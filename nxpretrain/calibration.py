@@ -34,8 +34,16 @@ def calibration() -> list[dict]:
     for a in ANCHORS:
         t = anchor_step(a).total
         out.append(
-            dict(anchor=a.name, framework=a.framework, device=a.device, role=a.role, published_s=round(a.published, 3), predicted_s=round(t, 3),
-                 error=round(t / a.published - 1, 3), source=a.source)
+            dict(
+                anchor=a.name,
+                framework=a.framework,
+                device=a.device,
+                role=a.role,
+                published_s=round(a.published, 3),
+                predicted_s=round(t, 3),
+                error=round(t / a.published - 1, 3),
+                source=a.source,
+            )
         )
     return out
 

@@ -99,7 +99,8 @@ def _ended(s, run_dir, rec):
     return s
 
 def job_status(job_id, run_dir=None) -> 'JobStatus':
-    "The status of `job_id` (see `find_launcher`); once the scheduler forgets it, its final state and true elapsed time."
+    """The status of `job_id` (see `find_launcher`); once the scheduler forgets it, its final state and true elapsed
+    time."""
     from nxpretrain.launch.launcher import JobState, find_records
     ln, jid = find_launcher(job_id)
     s = ln.status(jid)

@@ -20,13 +20,14 @@ def catalog_dir() -> Path:
     return Path(str(files('nxpretrain') / 'catalog'))
 
 def load_catalog(folder=None) -> dict[str, Recipe]:
-    "{name: recipe} of every `NAME.yaml` in `folder` (default: the catalog); a file's `name` must be its file name."
+    """{name: recipe} of every `NAME.yaml` in `folder` (default: the catalog), the ones this machine trains (profile
+    local) first; a file's `name` must be its file name."""
     out = {}
     for path in sorted(Path(folder or catalog_dir()).glob('*.yaml')):
         r = from_yaml(path)
         if r.name != path.stem: raise RecipeError(f"{path}: name={r.name!r} differs from the file name; rename one")
         out[r.name] = r
-    return out
+    return dict(sorted(out.items(), key=lambda item: (item[1].cluster.profile != 'local', item[0])))
 
 CATALOG: dict[str, Recipe] = load_catalog()
 

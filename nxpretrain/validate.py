@@ -179,7 +179,8 @@ def engine_problems(recipe: Recipe, world: int) -> list[str]:
 
 def problems(recipe: Recipe, world: int | None = None, engine: bool = True) -> list[str]:
     """Every inconsistency of `recipe` for `world` devices, one line each: the field, what is wrong, the fix; with
-    `engine=False` what the recipe's engine would refuse is left out (the trace runs nxpretrain's engine on any layout)."""
+    `engine=False` what the recipe's engine would refuse is left out (the trace runs nxpretrain's engine on any
+    layout)."""
     if out := field_problems(recipe): return out
     out = model_problems(recipe) + layout_problems(recipe)
     try: world = world or world_size(recipe)

@@ -160,7 +160,7 @@ SLURM_COMMANDS = [['train', 'gpt3_tiny', '--cluster', 'nosuch'],
 def test_no_slurm_configuration_is_one_line_of_ours(argv, workdir, no_slurm):
     line = one_line_error(*argv)
     assert line.startswith(f"nxpretrain {argv[0]}: "), line
-    assert line.endswith("SLURM_CONF=/nonexistent/slurm.conf: no such file; point it at the cluster's slurm.conf"), line
+    assert "SLURM_CONF=/nonexistent/slurm.conf: no such file; point it at the cluster's slurm.conf" in line, line
     assert not (workdir / 'runs/jobs').exists()                 # refused before anything is written
 
 
@@ -194,7 +194,7 @@ def test_no_slurm_conf_at_all_is_one_line_of_ours(workdir, monkeypatch):
 
 BAD_INPUT = {  # subcommand: [(argv, words the one line must hold)]
     'recipes': [(['recipes', '--bogus'], 'unrecognized arguments: --bogus; see nxpretrain recipes --help')],
-    'show': [(['show', 'nosuch'], "model 'nosuch': no such recipe; choose one of gpt3_tiny")],
+    'show': [(['show', 'nosuch'], "model 'nosuch': no such recipe; choose one of bert_tiny, gpt3_tiny")],
     'plan': [(['plan', 'gpt3_tiny', '--world', 'many'], "argument --world: invalid int value: 'many'")],
     'train': [
         (['train', 'nosuch.yaml'], 'nosuch.yaml'),
@@ -295,7 +295,7 @@ def test_the_installed_command(workdir):
     "The console script itself (not only `main`): JSON on stdout, the one-line error on stderr."
     exe = shutil.which('nxpretrain') or pytest.skip('the nxpretrain console script is not installed')
     p = subprocess.run([exe, 'recipes', '--json'], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0 and json.loads(p.stdout)[0]['name'] == 'gpt3_tiny'
+    assert p.returncode == 0 and json.loads(p.stdout)[1]['name'] == 'gpt3_tiny'
     p = subprocess.run([exe, 'plan', 'gpt3_tiny', 'optim.lrr=1'], capture_output=True, text=True, timeout=60)
     assert (p.returncode, p.stderr) == (2, "nxpretrain plan: override optim.lrr=1: no such field optim.lrr; did you "
                                            "mean optim.lr?\n")

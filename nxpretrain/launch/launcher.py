@@ -203,7 +203,9 @@ def find_records(job_id=None, scheduler: str | None = None, cluster: str | None 
 
 # %% ../../nbs/api/49_launcher.ipynb #8a025f71
 def _other_clusters(job_id, here) -> str:
-    other = {f"{r.get('scheduler', 'slurm')} cluster {r.get('cluster', '')!r}" for r in find_records(job_id)} - set(here)
+    other = {f"{r.get('scheduler', 'slurm')} cluster {r.get('cluster', '')!r}" for r in find_records(job_id)} - set(
+        here
+    )
     return f" (the index has it from {', '.join(sorted(other))}, not from here)" if other else ''
 
 def find_launcher(job_id, schedulers=('local', 'slurm')) -> tuple[Launcher, str]:

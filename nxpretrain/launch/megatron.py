@@ -5,16 +5,22 @@
 
 # %% ../../nbs/api/52b_megatron.ipynb #5c074eba
 from __future__ import annotations
-import math, re
+import math, re, shlex
 from pathlib import Path
 from ..config import Recipe
 from ..clusters import profile
 from ..models.registry import family
 from .engine import Engine, register_engine
+from .job import Job, export_lines, job_name, plain_value, resolve_cluster
+from .slurm import sbatch_header
+from ..errors import RecipeError
+from .megatron_contract import contract_problems, load_contract
 
 # %% auto #0
-__all__ = ['TRACKER', 'parse_megatron_line', 'tracked_iteration', 'megatron_checkpoints', 'megatron_memory',
-           'megatron_problems', 'MegatronEngine', 'export_megatron']
+__all__ = ['TRACKER', 'RECOMPUTE_MODULES', 'SEED2_CHECKPOINT_FLAGS', 'RANK_SH', 'JOB_BODY', 'MEGATRON_COMMIT',
+           'parse_megatron_line', 'tracked_iteration', 'megatron_checkpoints', 'megatron_memory', 'megatron_problems',
+           'model_flags', 'layout_flags', 'training_flags', 'save_interval', 'exit_minutes', 'io_flags', 'flag_lines',
+           'srun_options', 'megatron_job_script', 'export_megatron', 'megatron_needs', 'MegatronEngine']
 
 # %% ../../nbs/api/52b_megatron.ipynb #77abbaa7
 _ITERATION = re.compile(r'iteration\s+(\d+)/\s*(\d+)\s*\|')
@@ -78,6 +84,9 @@ def megatron_memory(r: Recipe, dp: int):
     return Memory(2 * n, 4 * n, 12 * n / (dp * p.cp if p.zero1 else 1), activations)
 
 # %% ../../nbs/api/52b_megatron.ipynb #d7cb586d
+RECOMPUTE_MODULES = {'attention': 'core_attn', 'core': 'core_attn', 'mlp': 'mlp', 'attention_norm': 'layernorm',
+                     'ffn_norm': 'layernorm'}   # our names → --recompute-modules (arguments.py:1492)
+
 def megatron_problems(recipe: Recipe) -> list[str]:
     "What our Megatron-LM export cannot run of `recipe`, one line each."
     prof, out = profile(recipe.cluster.profile), []
@@ -87,9 +96,191 @@ def megatron_problems(recipe: Recipe) -> list[str]:
     if family(recipe.model.arch).megatron_script is None:
         out.append(f"engine=megatron with model.arch={recipe.model.arch}: the export writes Megatron-LM's GPT "
                    "(pretrain_gpt.py) only; use engine=native")
+    p = recipe.parallel
+    if p.pp_cuts: out.append("parallel.pp_cuts with engine=megatron: Megatron-LM cuts layers evenly; drop pp_cuts")
+    if p.fsdp: out.append("parallel.fsdp with engine=megatron: use parallel.zero1 (its distributed optimizer)")
+    if recipe.optim.name != 'adamw':
+        out.append(f"optim.name={recipe.optim.name} with engine=megatron: the export writes AdamW only; use adamw")
+    if bad := [k for k in p.checkpoint_modules if k not in RECOMPUTE_MODULES]:
+        out.append(f"parallel.checkpoint_modules={bad} with engine=megatron: Megatron-LM recomputes "
+                   f"{', '.join(RECOMPUTE_MODULES)} only")
     return out
 
 # %% ../../nbs/api/52b_megatron.ipynb #60c8aa79
+def model_flags(m) -> list[tuple]:
+    "(flag, values) of the model section: GPT-3's shape, dropout, init and vocabulary padding."
+    out = [('num-layers', m.n_layers), ('hidden-size', m.hidden), ('ffn-hidden-size', m.ffn),
+           ('num-attention-heads', m.n_heads), ('seq-length', m.seq_len), ('max-position-embeddings', m.positions),
+           ('attention-backend', 'auto'), ('init-method-std', m.init_std), ('hidden-dropout', m.dropout),
+           ('attention-dropout', m.dropout), ('norm-epsilon', m.norm_eps),
+           ('make-vocab-size-divisible-by', m.make_vocab_size_divisible_by)]
+    return out + ([] if m.tie_embeddings else [('untie-embeddings-and-output-weights',)])
+
+def layout_flags(r: Recipe) -> list[tuple]:
+    "(flag, values) of the parallel layout, its communication overlap and recompute."
+    m, p = r.model, r.parallel
+    out = [('tensor-model-parallel-size', p.tp), ('pipeline-model-parallel-size', p.pp)]
+    if p.virtual_pp > 1: out.append(('num-layers-per-virtual-pipeline-stage', m.n_layers // (p.pp * p.virtual_pp)))
+    if p.cp > 1: out.append(('context-parallel-size', p.cp))
+    if p.sequence_parallel: out.append(('sequence-parallel',))
+    if p.zero1: out += [('use-distributed-optimizer',), ('overlap-grad-reduce',), ('overlap-param-gather',)]
+    if p.activation_checkpointing == 'full':
+        out += [('recompute-granularity', 'full'), ('recompute-method', 'uniform'), ('recompute-num-layers', 1)]
+    elif p.activation_checkpointing == 'selective':
+        modules = list(dict.fromkeys(RECOMPUTE_MODULES[k] for k in p.checkpoint_modules))
+        out += [('recompute-granularity', 'selective'), ('recompute-modules', *modules)]
+    return out
+
+# %% ../../nbs/api/52b_megatron.ipynb #51b9ab0a
+def training_flags(r: Recipe, step_seconds: float) -> list[tuple]:
+    "(flag, values) of the batch, the optimizer, its schedule and the precision."
+    o, t, d = r.optim, r.trainer, r.data
+    out = [('micro-batch-size', d.micro_batch), ('global-batch-size', d.global_batch), ('train-iters', t.max_steps),
+           ('lr', o.lr), ('min-lr', o.min_lr), ('lr-decay-style', o.decay), ('lr-warmup-iters', o.warmup_steps),
+           ('lr-decay-iters', o.decay_steps or t.max_steps), ('weight-decay', o.weight_decay),
+           ('adam-beta1', o.betas[0]), ('adam-beta2', o.betas[1]), ('adam-eps', o.eps), ('clip-grad', o.clip_grad),
+           ('seed', t.seed)]
+    return out + ([('bf16',)] if r.parallel.precision == 'bf16' else [])
+
+def save_interval(r: Recipe, step_seconds: float) -> int:
+    "Iterations between saves: the recipe's, or its time-based interval at the planned step time."
+    t = r.trainer
+    if t.save_every: return t.save_every
+    if t.save_every_minutes: return max(1, round(t.save_every_minutes * 60 / step_seconds))
+    return t.max_steps
+
+def exit_minutes(r: Recipe, save_seconds: float) -> int | None:
+    "Minutes after which Megatron-LM saves and stops, ahead of the Slurm time limit by a save and a margin."
+    from nxpretrain.launch.job import time_limit_seconds
+    limit = time_limit_seconds(r.cluster.time)
+    return None if not limit else max(1, int((limit - save_seconds - 300) // 60))
+
+# %% ../../nbs/api/52b_megatron.ipynb #bdb2c192
+SEED2_CHECKPOINT_FLAGS = [('ckpt-fully-parallel-load',), ('use-persistent-ckpt-worker',),
+                          ('ckpt-assume-constant-structure',)]   # seed 2's 04-gpt175B.sh, for its 2.3 TiB saves
+
+def io_flags(r: Recipe, run_dir: Path, data_root, step_seconds: float, save_seconds: float) -> list[tuple]:
+    "(flag, values) of the data, the checkpoints, the logs and the exit conditions."
+    from nxpretrain.launch.nxdt import data_prefix, gpt2_files
+    t = r.trainer
+    vocab, merges = gpt2_files(r, data_root)
+    ckpt = str(run_dir / 'checkpoints')
+    out = [('data-path', *data_prefix(r, data_root)), ('split', r.data.split), ('tokenizer-type', 'GPT2BPETokenizer'),
+           ('vocab-file', vocab), ('merge-file', merges), ('data-cache-path', str(run_dir / 'data-cache')),
+           ('num-workers', max(r.data.num_workers, 1)), ('save', ckpt), ('load', ckpt),
+           ('save-interval', save_interval(r, step_seconds)), ('ckpt-format', 'torch_dist'), *SEED2_CHECKPOINT_FLAGS,
+           ('log-interval', t.log_every), ('eval-interval', t.eval_every or t.max_steps),
+           ('eval-iters', t.eval_steps if t.eval_every else 0), ('tensorboard-dir', str(run_dir / 'tb')),
+           ('log-throughput',), ('log-validation-ppl-to-tensorboard',), ('exit-signal-handler',)]
+    if (minutes := exit_minutes(r, save_seconds)) is not None: out.append(('exit-duration-in-mins', minutes))
+    return out
+
+def flag_lines(flags: list[tuple]) -> str:
+    "The flags file: one flag with its values per line."
+    return ''.join(' '.join([f"--{f[0]}", *map(str, f[1:])]) + '\n' for f in flags)
+
+# %% ../../nbs/api/52b_megatron.ipynb #e12b9c3d
+RANK_SH = r"""#!/usr/bin/env bash
+# One rank of Megatron-LM's pretrain_gpt.py for recipe {name} (generated by nxpretrain): Slurm's task is the rank.
+set -o pipefail
+export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS
+flags=()
+while read -r line; do
+    line=${{line%%#*}}
+    read -ra words <<< "$line"
+    flags+=("${{words[@]}}")
+done < {flags}
+exec python {script} "${{flags[@]}}" "$@"
+"""
+
+JOB_BODY = r"""export CUDA_DEVICE_MAX_CONNECTIONS=1
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1) MASTER_PORT=${{MASTER_PORT:-29500}}
+for need in {needs}; do
+    [ -e "${{need%%::*}}" ] || {{ echo "nxpretrain: ${{need%%::*}} is missing: ${{need#*::}}" >&2; exit 2; }}
+done
+srun {srun_options}bash {rank_sh}
+rc=$?
+done_iters=$(cat {tracker} 2>/dev/null || echo 0)
+echo "nxpretrain: step ended with status $rc at iteration $done_iters of {iters}"
+# Megatron exits 0 after saving on SIGTERM or --exit-duration-in-mins: only then is an unfinished run requeued.
+# A failed step is not retried (it would fail again); Slurm's own --requeue covers a node that fails.
+unfinished=no
+[ "$done_iters" != release ] && [ "$done_iters" -lt {iters} ] && unfinished=yes
+if [ "$rc" = 0 ] && [ $unfinished = yes ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ]; then
+    echo "nxpretrain: requeueing job $SLURM_JOB_ID (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )))"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$rc"
+"""
+
+def srun_options(prof, run_dir: Path, megatron_lm: str) -> str:
+    "srun's pyxis options when the profile runs in a container: the image, its mounts and the run folder's."
+    if not prof.container: return ''
+    mounts = ','.join(filter(None, [prof.container_mounts, f"{megatron_lm}:{megatron_lm}", f"{run_dir}:{run_dir}"]))
+    return (f"--container-image={shlex.quote(prof.container)} --container-mounts={shlex.quote(mounts)} "
+            "--container-env=CUDA_DEVICE_MAX_CONNECTIONS,MASTER_ADDR,MASTER_PORT ")
+
+# %% ../../nbs/api/52b_megatron.ipynb #87cfc534
+def megatron_job_script(r: Recipe, prof, out: Path, rank_sh: Path, needs: dict, megatron_lm: str) -> str:
+    "The sbatch script of `r`'s Megatron-LM job written under `out`."
+    from nxpretrain.launch.slurm import MAX_RESTARTS
+    q = shlex.quote
+    log = str(out / 'logs' / '%x-%j.out')
+    header = sbatch_header(job_name(r.name, 'train'), r.cluster.nodes, prof, r.cluster.partition, r.cluster.time, log,
+                           tasks_per_node=prof.devices_per_node,
+                           cpus_per_task=max(1, prof.cpus_per_node // prof.devices_per_node), signal='TERM')
+    body = JOB_BODY.format(needs=' '.join(q(f"{k}::{v}") for k, v in needs.items()), rank_sh=q(str(rank_sh)),
+                           srun_options=srun_options(prof, out / r.name, megatron_lm), max_restarts=MAX_RESTARTS,
+                           tracker=q(str(out / r.name / 'checkpoints' / TRACKER)), iters=int(r.trainer.max_steps))
+    title = f"# Megatron-LM job for recipe {r.name} at {MEGATRON_COMMIT[:8]}: {r.cluster.nodes} × {prof.name}"
+    return '\n'.join(['#!/bin/bash', title, *header, '', *export_lines(prof.env), f"cd {q(str(out))}", body])
+
+# %% ../../nbs/api/52b_megatron.ipynb #56fabcbf
+MEGATRON_COMMIT = load_contract()['commit']
+
+def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs/data', megatron_lm: str = '',
+                    **options) -> dict:
+    """Write the Megatron-LM job of `recipe` under `out_dir` (the Megatron-LM checkout: `megatron_lm`, default
+    `out_dir/Megatron-LM`); {'train': Job}."""
+    from nxpretrain.config import override, to_yaml
+    from nxpretrain.validate import validate
+    from nxpretrain.plan import plan
+    r, prof = resolve_cluster(override(recipe, *overrides), cluster)
+    validate(r, r.cluster.nodes * prof.devices_per_node)
+    out = Path(plain_value('path', Path(out_dir).absolute(), 'out_dir'))
+    run_dir, mlm = out / r.name, plain_value('path', megatron_lm or str(out / 'Megatron-LM'), 'megatron_lm')
+    for d in (out / 'logs', run_dir / 'checkpoints', run_dir / 'tb'): d.mkdir(parents=True, exist_ok=True)
+    to_yaml(r, out / 'recipe.yaml')
+    pl = plan(r)
+    flags = (model_flags(r.model) + layout_flags(r) + training_flags(r, pl.step_seconds)
+             + io_flags(r, run_dir, data_root, pl.step_seconds, pl.checkpoint_seconds))
+    flags_file = out / 'megatron.args'
+    flags_file.write_text(f"# pretrain_gpt.py's arguments for recipe {r.name}, Megatron-LM {MEGATRON_COMMIT[:8]}\n"
+                          + flag_lines(flags))
+    rank_sh = out / 'rank.sh'
+    rank_sh.write_text(RANK_SH.format(name=shlex.quote(r.name), flags=shlex.quote(str(flags_file)),
+                                      script=shlex.quote(f"{mlm}/pretrain_gpt.py")))
+    rank_sh.chmod(0o755)
+    job = Job(job_name(r.name, 'train'), 'train', [str(rank_sh)], out, out / 'recipe.yaml', r.cluster.nodes,
+              prof.devices_per_node, prof.name, {}, distributed=False, partition=r.cluster.partition,
+              time=r.cluster.time, scheduler='slurm', log=str(out / 'logs' / '%x-%j.out'), script_suffix='sbatch',
+              run_dir=run_dir)
+    job.script = megatron_job_script(r, prof, out, rank_sh, megatron_needs(flags, mlm), mlm) + '\n'
+    job.script_path.write_text(job.script)
+    return {'train': job}
+
+def megatron_needs(flags: list[tuple], megatron_lm: str) -> dict:
+    "{path the job reads: what makes it} for the checkout, the data and the tokenizer files the flags name."
+    values = {f[0]: f[1:] for f in flags}
+    needs = {f"{megatron_lm}/pretrain_gpt.py": f"git clone https://github.com/NVIDIA/Megatron-LM {megatron_lm} && "
+                                                f"git -C {megatron_lm} checkout {MEGATRON_COMMIT}"}
+    needs.update({p + '.idx': 'prepare the corpus: nxpretrain data RECIPE' for p in values['data-path'][1::2]
+                  or values['data-path']})
+    needs.update({values[k][0]: 'GPT-2 vocab.json and merges.txt from https://huggingface.co/gpt2'
+                  for k in ('vocab-file', 'merge-file')})
+    return needs
+
+# %% ../../nbs/api/52b_megatron.ipynb #92028ab3
 @register_engine
 class MegatronEngine(Engine):
     "Megatron-LM at seed 2's commit: `pretrain_gpt.py` under Slurm and pyxis, in NVIDIA's PyTorch container."
@@ -104,21 +295,23 @@ class MegatronEngine(Engine):
     def export(self, recipe, out_dir, cluster=None, **options) -> dict:
         return export_megatron(recipe, out_dir, cluster, **options)
 
+    def check(self, jobs: dict) -> list[str]:
+        job = jobs['train']
+        return contract_problems(job.out_dir / 'megatron.args', job.nodes * job.devices_per_node, job.script)
+
     def parse_progress(self, line: str) -> dict | None: return parse_megatron_line(line)
 
     def checkpoints(self, folder) -> list[Path]: return megatron_checkpoints(folder)
 
     def requeue(self, folder, recipe) -> bool:
-        done = tracked_iteration(Path(folder) / 'checkpoints') if (Path(folder) / 'checkpoints').is_dir() else \
-            tracked_iteration(folder)
-        return done is None or done < recipe.trainer.max_steps
+        done = self.checkpoints(folder)
+        return not done or int(_ITER_DIR.search(done[-1].name)[1]) < recipe.trainer.max_steps
 
     def calibration(self, device: str):
         from nxpretrain.steptime import Calibration, fitted
         h100 = fitted(self.framework, 'h100')
-        return fitted(self.framework, device) or Calibration(h100.achievable, f"no published {device} run: {h100.basis}")
+        return fitted(self.framework, device) or Calibration(
+            h100.achievable, f"no published {device} run: {h100.basis}"
+        )
 
     def memory(self, recipe, dp: int): return megatron_memory(recipe, dp)
-
-def export_megatron(recipe, out_dir, cluster=None, **options) -> dict:
-    raise NotImplementedError('Megatron-LM export: in progress')

@@ -21,9 +21,10 @@ __all__ = ['MAX_RESTARTS', 'REQUEUE_ON_FAILURE', 'sbatch_header', 'requeue_on_fa
 
 # %% ../../nbs/api/56_slurm.ipynb #06d91a70
 def sbatch_header(name, nodes, profile_: ClusterProfile, partition: str, time_limit: str, log, array='', exclusive=True,
-                  requeue=True, signal_grace=180, tasks_per_node=1, cpus_per_task=None) -> list[str]:
+                  requeue=True, signal_grace=180, tasks_per_node=1, cpus_per_task=None, signal='B:USR1') -> list[str]:
     """The `#SBATCH` lines of a job: its name, nodes, tasks, CPUs, GPUs, partition, time limit, log and requeue on
-    preemption."""
+    preemption, with `signal` `signal_grace` s before the time limit (`B:USR1`: to the batch shell; `TERM`: to every
+    task of the running step)."""
     sb = [f"--job-name={name}", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
           f"--cpus-per-task={cpus_per_task or profile_.cpus_per_node}"]
     if exclusive: sb.append('--exclusive')
@@ -32,7 +33,7 @@ def sbatch_header(name, nodes, profile_: ClusterProfile, partition: str, time_li
     if time_limit: sb.append(f"--time={plain_value('time', time_limit, 'cluster.time')}")
     if array: sb.append(f"--array={array}")
     sb += [f"--output={log}", '--open-mode=append']
-    if requeue: sb += ['--requeue', f"--signal=B:USR1@{int(signal_grace)}"]
+    if requeue: sb += ['--requeue', f"--signal={signal}@{int(signal_grace)}"]
     return [f"#SBATCH {a}" for a in sb]
 
 # %% ../../nbs/api/56_slurm.ipynb #562d7016
@@ -73,7 +74,9 @@ def _wrap(command: str) -> str:
     return re.sub(r" (?=--(?:nnodes|rdzv-id|rdzv-endpoint|recipe) |-m )", " \\\n    ", command)
 
 # %% ../../nbs/api/56_slurm.ipynb #rq0ex001
-REQUEUE_ON_FAILURE = '''requeue() {{ [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ] && scontrol requeue "$SLURM_JOB_ID"; }}
+REQUEUE_ON_FAILURE = '''requeue() {{
+    [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ] && scontrol requeue "$SLURM_JOB_ID"
+}}
 trap 'echo "nxpretrain: time limit near: requeue"; requeue; exit 0' USR1
 {command} &
 wait $! || requeue'''

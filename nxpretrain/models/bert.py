@@ -83,22 +83,46 @@ def bert_from_hf_config(d: dict) -> ModelConfig:
                        norm_eps=d.get('layer_norm_eps', 1e-12), init_std=d.get('initializer_range', 0.02))
 
 _LN = ('weight', 'bias')
-BERT_HF = HFAdapter('BertForPreTraining', 'bert', bert_to_hf_config, bert_from_hf_config, (
-    ('tok_embeddings.weight', 'bert.embeddings.word_embeddings.weight', 'vocab'),
-    ('pos_embeddings.weight', 'bert.embeddings.position_embeddings.weight', ''),
-    ('type_embeddings.weight', 'bert.embeddings.token_type_embeddings.weight', ''),
-    *[(f'embedding_norm.{p}', f'bert.embeddings.LayerNorm.{p}', '') for p in _LN],
-    *[(f'layers.{{i}}.{a}.{p}', f'bert.encoder.layer.{{i}}.{b}.{p}', '')
-      for a, b in [('attention.wq', 'attention.self.query'), ('attention.wk', 'attention.self.key'),
-                   ('attention.wv', 'attention.self.value'), ('attention.wo', 'attention.output.dense'),
-                   ('attention_norm', 'attention.output.LayerNorm'), ('mlp.w1', 'intermediate.dense'),
-                   ('mlp.w2', 'output.dense'), ('ffn_norm', 'output.LayerNorm')] for p in _LN],
-    *[(f'{a}.{p}', f'{b}.{p}', '')
-      for a, b in [('mlm_dense', 'cls.predictions.transform.dense'), ('mlm_norm', 'cls.predictions.transform.LayerNorm'),
-                   ('pooler', 'bert.pooler.dense'), ('nsp_head', 'cls.seq_relationship')] for p in _LN],
-    ('output.weight', 'cls.predictions.decoder.weight', 'vocab'), ('output.bias', 'cls.predictions.decoder.bias', 'vocab')),
+BERT_HF = HFAdapter(
+    'BertForPreTraining',
+    'bert',
+    bert_to_hf_config,
+    bert_from_hf_config,
+    (
+        ('tok_embeddings.weight', 'bert.embeddings.word_embeddings.weight', 'vocab'),
+        ('pos_embeddings.weight', 'bert.embeddings.position_embeddings.weight', ''),
+        ('type_embeddings.weight', 'bert.embeddings.token_type_embeddings.weight', ''),
+        *[(f'embedding_norm.{p}', f'bert.embeddings.LayerNorm.{p}', '') for p in _LN],
+        *[
+            (f'layers.{{i}}.{a}.{p}', f'bert.encoder.layer.{{i}}.{b}.{p}', '')
+            for a, b in [
+                ('attention.wq', 'attention.self.query'),
+                ('attention.wk', 'attention.self.key'),
+                ('attention.wv', 'attention.self.value'),
+                ('attention.wo', 'attention.output.dense'),
+                ('attention_norm', 'attention.output.LayerNorm'),
+                ('mlp.w1', 'intermediate.dense'),
+                ('mlp.w2', 'output.dense'),
+                ('ffn_norm', 'output.LayerNorm'),
+            ]
+            for p in _LN
+        ],
+        *[
+            (f'{a}.{p}', f'{b}.{p}', '')
+            for a, b in [
+                ('mlm_dense', 'cls.predictions.transform.dense'),
+                ('mlm_norm', 'cls.predictions.transform.LayerNorm'),
+                ('pooler', 'bert.pooler.dense'),
+                ('nsp_head', 'cls.seq_relationship'),
+            ]
+            for p in _LN
+        ],
+        ('output.weight', 'cls.predictions.decoder.weight', 'vocab'),
+        ('output.bias', 'cls.predictions.decoder.bias', 'vocab'),
+    ),
     aliases={'cls.predictions.decoder.bias': ('cls.predictions.bias',)},
-    ignored=r'(position_ids|cls\.predictions\.bias)$')
+    ignored=r'(position_ids|cls\.predictions\.bias)$',
+)
 
 # %% ../../nbs/api/24_bert.ipynb #5e5055e3
 BERT_FAMILY = register_family(ModelFamily(

@@ -78,11 +78,22 @@ def gpt_from_hf_config(d: dict) -> ModelConfig:
 
 _LN = ('weight', 'bias')
 GPT_HF_TENSORS = (
-    ('tok_embeddings.weight', 'transformer.wte.weight', 'vocab'), ('pos_embeddings.weight', 'transformer.wpe.weight', ''),
-    *[(f'layers.{{i}}.{a}.{p}', f'transformer.h.{{i}}.{b}.{p}', t)
-      for a, b, t in [('attention_norm', 'ln_1', ''), ('ffn_norm', 'ln_2', ''), ('attention.wo', 'attn.c_proj', 'T'),
-                      ('mlp.w1', 'mlp.c_fc', 'T'), ('mlp.w2', 'mlp.c_proj', 'T')] for p in _LN],
-    *[(f'norm.{p}', f'transformer.ln_f.{p}', '') for p in _LN], ('output.weight', 'lm_head.weight', 'vocab'))
+    ('tok_embeddings.weight', 'transformer.wte.weight', 'vocab'),
+    ('pos_embeddings.weight', 'transformer.wpe.weight', ''),
+    *[
+        (f'layers.{{i}}.{a}.{p}', f'transformer.h.{{i}}.{b}.{p}', t)
+        for a, b, t in [
+            ('attention_norm', 'ln_1', ''),
+            ('ffn_norm', 'ln_2', ''),
+            ('attention.wo', 'attn.c_proj', 'T'),
+            ('mlp.w1', 'mlp.c_fc', 'T'),
+            ('mlp.w2', 'mlp.c_proj', 'T'),
+        ]
+        for p in _LN
+    ],
+    *[(f'norm.{p}', f'transformer.ln_f.{p}', '') for p in _LN],
+    ('output.weight', 'lm_head.weight', 'vocab'),
+)
 
 # %% ../../nbs/api/22_gpt.ipynb #372f8aa1
 def gpt_hf_names(keys) -> dict:
@@ -115,9 +126,24 @@ GPT_HF = HFAdapter('GPT2LMHeadModel', 'gpt2', gpt_to_hf_config, gpt_from_hf_conf
                    fused_loaders=gpt_fused_loaders, fused_tensors=gpt_fused_tensors)
 
 # %% ../../nbs/api/22_gpt.ipynb #4c2e0b1d
-GPT_FAMILY = register_family(ModelFamily(
-    name='gpt', model=GPT, objective='causal_lm',
-    tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
-             'mlp.w1': 'colwise', 'mlp.w2': 'rowwise'},
-    rope=False, hf=GPT_HF, nxdt_source='megatron', nxdt_example='megatron_gpt_config', megatron_script='pretrain_gpt.py',
-    tiny=('gpt3_tiny', ())))
+GPT_FAMILY = register_family(
+    ModelFamily(
+        name='gpt',
+        model=GPT,
+        objective='causal_lm',
+        tp_plan={
+            'attention.wq': 'colwise',
+            'attention.wk': 'colwise',
+            'attention.wv': 'colwise',
+            'attention.wo': 'rowwise',
+            'mlp.w1': 'colwise',
+            'mlp.w2': 'rowwise',
+        },
+        rope=False,
+        hf=GPT_HF,
+        nxdt_source='megatron',
+        nxdt_example='megatron_gpt_config',
+        megatron_script='pretrain_gpt.py',
+        tiny=('gpt3_tiny', ()),
+    )
+)
