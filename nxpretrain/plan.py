@@ -16,8 +16,8 @@ from .steptime import step_time, published
 
 # %% auto #0
 __all__ = ['GiB', 'layer_parameters', 'embedding_parameters', 'model_parameters', 'flops_per_token', 'Memory',
-           'runs_engine', 'rank_parameters', 'memory_per_device', 'checkpoint_bytes', 'checkpoint_write_seconds',
-           'communication_bytes', 'Plan', 'plan', 'layout_options']
+           'runs_engine', 'rank_parameters', 'memory_per_device', 'checkpoint_bytes_per_parameter', 'checkpoint_bytes',
+           'checkpoint_write_seconds', 'communication_bytes', 'Plan', 'plan', 'layout_options']
 
 # %% ../nbs/api/02_plan.ipynb #9a297a17
 _COUNTS: dict = {}   # (config with one layer, vocab) → counts: a meta build takes milliseconds, a plan asks often
@@ -210,9 +210,14 @@ def _pipeline_buffers(r: Recipe, dp: int) -> float:
     return one * per_rank * _micro_batches(r, dp)
 
 # %% ../nbs/api/02_plan.ipynb #9621979a
+def checkpoint_bytes_per_parameter(r: Recipe) -> int:
+    "Bytes a checkpoint of `r` holds per parameter: fp32 weight and two fp32 moments, plus bf16 weights on XLA."
+    bf16_copy = r.parallel.precision == 'bf16' and not runs_engine(r)
+    return 4 + 8 + (2 if bf16_copy else 0)
+
 def checkpoint_bytes(r: Recipe) -> float:
     "Bytes of a full training checkpoint of `r` (model + optimizer state)."
-    return model_parameters(r.model, padded_vocab(r.model)) * (14 if r.parallel.precision == 'bf16' else 12)
+    return model_parameters(r.model, padded_vocab(r.model)) * checkpoint_bytes_per_parameter(r)
 
 def checkpoint_write_seconds(r: Recipe, gbps: float | None = None) -> float:
     "Seconds to write one checkpoint at `gbps` GB/s (default: the recipe's cluster.storage_gbps)."
