@@ -79,6 +79,8 @@ class TrainerConfig:
     save_every: int = 100                # steps; 0 = never
     save_every_minutes: float = 0        # 0 = never; time-based saves like neuronx-nemo-megatron's hourly one
     keep_last: int = 2
+    # too little free space for keep_last + 1 checkpoints (the plan's size) when a run starts: stop it, or only warn
+    low_disk: Literal['stop', 'warn'] = 'stop'
     seed: int = 1234
     out_dir: str = 'runs'
     device: Literal['auto', 'cpu', 'cuda', 'neuron'] = 'auto'

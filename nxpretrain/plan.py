@@ -20,8 +20,9 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['GiB', 'layer_parameters', 'embedding_parameters', 'model_parameters', 'flops_per_token', 'Memory',
-           'rank_parameters', 'memory_per_device', 'engine_memory', 'checkpoint_bytes', 'checkpoint_write_seconds',
-           'communication_bytes', 'Plan', 'published_steps', 'plan', 'layout_options']
+           'rank_parameters', 'memory_per_device', 'engine_memory', 'checkpoint_bytes_per_parameter',
+           'checkpoint_bytes', 'checkpoint_write_seconds', 'communication_bytes', 'Plan', 'published_steps', 'plan',
+           'layout_options']
 
 # %% ../nbs/api/02_plan.ipynb #9a297a17
 _COUNTS: dict = {}   # (config with one layer, vocab) → counts: a meta build takes milliseconds, a plan asks often
@@ -180,9 +181,14 @@ def _pipeline_buffers(r: Recipe, dp: int) -> float:
     return one * per_rank * _micro_batches(r, dp)
 
 # %% ../nbs/api/02_plan.ipynb #9621979a
+def checkpoint_bytes_per_parameter(r: Recipe) -> int:
+    "Bytes a checkpoint of `r` holds per parameter, as the engine that trains it writes them."
+    from nxpretrain.launch.engine import engine_of
+    return engine_of(r).checkpoint_bytes_per_parameter(r)
+
 def checkpoint_bytes(r: Recipe) -> float:
     "Bytes of a full training checkpoint of `r` (model + optimizer state)."
-    return model_parameters(r.model, padded_vocab(r.model)) * (14 if r.parallel.precision == 'bf16' else 12)
+    return model_parameters(r.model, padded_vocab(r.model)) * checkpoint_bytes_per_parameter(r)
 
 def checkpoint_write_seconds(r: Recipe, gbps: float | None = None) -> float:
     "Seconds to write one checkpoint at `gbps` GB/s (default: the recipe's cluster.storage_gbps)."

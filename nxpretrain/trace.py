@@ -352,14 +352,14 @@ def trace_in_process(r: Recipe, rank: int, limit: int | None = None) -> RankTrac
 def trace(r: Recipe | str, ranks: list[int] | None = None, limit: int | None = None, progress: bool = True) -> Trace:
     """Trace one step of `ranks` (default: `default_ranks`) of recipe `r` at full size; the planner's figures beside
     them."""
-    from tqdm.auto import tqdm
+    from nxpretrain.progress import progress_bar
     r = get_recipe(r) if isinstance(r, str) else r
     if why := untraceable(r): raise RecipeError(why)
     ranks = default_ranks(r) if ranks is None else list(ranks)
     if bad := [k for k in ranks if not 0 <= k < world_size(r)]:
         raise RecipeError(f"--ranks {','.join(map(str, bad))}: {r.name} has ranks 0…{world_size(r) - 1}")
     out = []
-    for rank in tqdm(ranks, desc=f"tracing {r.name}", unit='rank', disable=not progress):
+    for rank in progress_bar(ranks, desc=f"tracing {r.name}", unit='rank', progress=progress):
         out.append(trace_in_process(r, rank, limit))
     return Trace(r, out, planned(r), trace_note(r))
 

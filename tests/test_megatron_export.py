@@ -4,7 +4,7 @@ refused with the check's file:line; rank.sh hands pretrain_gpt.py the flags file
 Slurm the job requeues itself after Megatron-LM's clean exit on SIGTERM, resumes from the tracker, and does not requeue
 a step that failed. pretrain_gpt.py is a stand-in here (no GPU): it reads the flags, writes Megatron-LM's log lines,
 checkpoint folders and tracker as its source does."""
-import dataclasses, json, os, subprocess, time
+import dataclasses, json, os, shlex, subprocess, time
 from pathlib import Path
 import pytest
 from nxpretrain.recipes import get_recipe, load_catalog
@@ -170,8 +170,9 @@ def _local_job(tmp_path, prof, *overrides):
     (mlm / 'pretrain_gpt.py').write_text(STAND_IN)
     for line in job.script.splitlines():       # make what the job checks for, as the data stage and setup would
         if line.startswith('for need in '):
-            for need in line.removeprefix('for need in ').removesuffix('; do').split():
-                path = Path(need.strip("'").split('::')[0])
+            for need in shlex.split(line.removeprefix('for need in ').removesuffix('; do')):
+                path = Path(need.split('::')[0])
+                assert path.is_absolute(), path
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.touch()
     return job

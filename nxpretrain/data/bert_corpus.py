@@ -9,7 +9,7 @@ import random, re
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 from .corpus import DataError
 from .blocks import HDF5_KEYS
 
@@ -161,7 +161,7 @@ def write_bert_corpus(documents, vocab_txt, out_dir, seq_len: int = 128, max_pre
         raise DataError(f"{vocab_txt}: no {', '.join(missing)} in the vocabulary; BERT needs them")
     tok = BertWordPieceTokenizer(str(vocab_txt), lowercase=lowercase)
     docs = []
-    for d in tqdm(documents, desc='sentences', unit='doc', disable=not progress):
+    for d in progress_bar(documents, desc='sentences', unit='doc', progress=progress):
         sents = split_sentences(d) if isinstance(d, str) else list(d)
         toks = [e.tokens for e in tok.encode_batch(sents, add_special_tokens=False)] if sents else []
         if toks := [t for t in toks if t]: docs.append(toks)
@@ -178,7 +178,7 @@ def write_bert_corpus(documents, vocab_txt, out_dir, seq_len: int = 128, max_pre
     rows = [
         _features(i, mask_whole_words(i.tokens, rng, words, masked_lm_prob, max_predictions), vocab, seq_len,
                   max_predictions)
-        for i in tqdm(instances, desc='masking', unit='inst', disable=not progress)
+        for i in progress_bar(instances, desc='masking', unit='inst', progress=progress)
     ]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ multipart, checksummed, with one-line errors; `s5cmd` for syncs where it is inst
 from __future__ import annotations
 import fnmatch, hashlib, json, os, shutil, subprocess, time
 from pathlib import Path
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 from .corpus import DataError
 
 # %% auto #0
@@ -198,7 +198,8 @@ def download(url: str, dest, anonymous: bool = False, sha256: str | None = None,
         if fresh: info.unlink(missing_ok=True)             # the object changed under us: start over, once
         state = _resume_state(part, info, url, etag, size, part_size)
         have = sum(min(part_size, size - i * part_size) for i in state['done'])
-        with tqdm(total=size, initial=have, unit='B', unit_scale=True, desc=dest.name, disable=not progress) as bar:
+        with progress_bar(total=size, initial=have, unit='B', unit_scale=True, desc=dest.name,
+                          progress=progress) as bar:
             try:
                 _fetch_parts(client, url, part, info, state, bar, retries, concurrency, chunk, anonymous)
                 break
@@ -226,7 +227,7 @@ def upload(path, url: str, anonymous: bool = False, endpoint_url: str | None = N
     config = TransferConfig(multipart_threshold=multipart_threshold, multipart_chunksize=part_size,
                             max_concurrency=concurrency, use_threads=concurrency > 1)
     size = path.stat().st_size
-    with tqdm(total=size, unit='B', unit_scale=True, desc=f"↑ {path.name}", disable=not progress) as bar:
+    with progress_bar(total=size, unit='B', unit_scale=True, desc=f"↑ {path.name}", progress=progress) as bar:
         try:
             client.upload_file(str(path), bucket, key, Config=config, Callback=bar.update,
                                ExtraArgs={'Metadata': {SHA256_META: file_sha256(path)}})
@@ -288,7 +289,8 @@ def sync(url: str, dest, anonymous: bool = False, endpoint_url: str | None = Non
     local = {key: dest / key[len(base):] for key, _, _ in objects}
     if use_s5cmd is None: use_s5cmd = shutil.which('s5cmd') is not None
     if use_s5cmd: _s5cmd_sync(url, dest, anonymous, endpoint_url)
-    for key, size, etag in tqdm(objects, desc=f"sync {url}", unit='file', disable=not progress or len(objects) < 2):
+    for key, size, etag in progress_bar(objects, desc=f"sync {url}", unit='file',
+                                        progress=progress and len(objects) > 1):
         p, want = local[key], (sha256 or {}).get(local[key].relative_to(dest).as_posix())
         if use_s5cmd or (p.exists() and p.stat().st_size == size):
             if not p.exists(): raise DataError(f"s3://{bucket}/{key}: s5cmd did not copy it to {p}; run again")
@@ -305,7 +307,7 @@ def upload_dir(folder, url: str, last: tuple = (), anonymous: bool = False, endp
                    key=lambda p: (p.name in last, last.index(p.name) if p.name in last else 0, str(p)))
     client = s3_client(anonymous, endpoint_url)
     urls = []
-    for p in tqdm(files, desc=f"↑ {folder.name}", unit='file', disable=not progress):
+    for p in progress_bar(files, desc=f"↑ {folder.name}", unit='file', progress=progress):
         urls.append(url.rstrip('/') + '/' + p.relative_to(folder).as_posix())
         upload(p, urls[-1], anonymous, endpoint_url, progress=False, client=client, **kw)
     return urls

@@ -64,6 +64,11 @@ class Engine(ABC):
     def memory(self, recipe, dp: int):
         "Bytes per device (`nxpretrain.plan.Memory`) that this engine's run of `recipe` takes at data-parallel `dp`."
 
+    def checkpoint_bytes_per_parameter(self, recipe) -> int:
+        """Bytes its checkpoint holds per parameter: fp32 master weight and two fp32 moments, and in bf16 the bf16
+        weights too (Megatron-LM and NxD Training save the model's own weights beside the optimizer's)."""
+        return 12 + (2 if recipe.parallel.precision == 'bf16' else 0)
+
     def __repr__(self): return f"{type(self).__name__}({self.name}: {self.framework})"
 
 # %% ../../nbs/api/49b_engine.ipynb #c31bacdb

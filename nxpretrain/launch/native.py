@@ -160,3 +160,9 @@ class NativeEngine(Engine):
     def memory(self, recipe, dp: int):
         from nxpretrain.plan import engine_memory
         return engine_memory(recipe, dp)
+
+    def checkpoint_bytes_per_parameter(self, recipe) -> int:
+        """fp32 weights and two fp32 moments (autocast makes bf16 copies on the fly); the XLA trainer (trn1) in bf16
+        keeps bf16 weights beside its fp32 master copy."""
+        xla_bf16 = profile(recipe.cluster.profile).backend == 'xla' and recipe.parallel.precision == 'bf16'
+        return 12 + (2 if xla_bf16 else 0)

@@ -203,8 +203,9 @@ EXAMPLES = {
         'exp_manager.checkpoint_callback_params.mode': 'max',
         'exp_manager.checkpoint_callback_params.save_last': False,
         'exp_manager.checkpoint_callback_params.filename': 'hf_llama3_70B--{step}-{consumed_samples}',
-        'exp_manager.checkpoint_callback_params.model_parallel_size': '${multiply:${distributed_strategy.tensor_model_parallel_size}, '
-        '${distributed_strategy.pipeline_model_parallel_size}}',
+        'exp_manager.checkpoint_callback_params.model_parallel_size':
+            '${multiply:${distributed_strategy.tensor_model_parallel_size}, '
+            '${distributed_strategy.pipeline_model_parallel_size}}',
         'exp_manager.checkpoint_callback_params.every_n_train_steps': 10,
         'exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt': False,
         'exp_manager.log_parameter_norm': True,
@@ -290,8 +291,9 @@ EXAMPLES = {
         'exp_manager.checkpoint_callback_params.mode': 'max',
         'exp_manager.checkpoint_callback_params.save_last': False,
         'exp_manager.checkpoint_callback_params.filename': 'hf_llama3.1_70B--{step}-{consumed_samples}',
-        'exp_manager.checkpoint_callback_params.model_parallel_size': '${multiply:${distributed_strategy.tensor_model_parallel_size}, '
-        '${distributed_strategy.pipeline_model_parallel_size}}',
+        'exp_manager.checkpoint_callback_params.model_parallel_size':
+            '${multiply:${distributed_strategy.tensor_model_parallel_size}, '
+            '${distributed_strategy.pipeline_model_parallel_size}}',
         'exp_manager.checkpoint_callback_params.every_n_train_steps': 30000,
         'exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt': False,
         'exp_manager.log_parameter_norm': True,
@@ -375,8 +377,9 @@ EXAMPLES = {
         'exp_manager.checkpoint_callback_params.mode': 'max',
         'exp_manager.checkpoint_callback_params.save_last': False,
         'exp_manager.checkpoint_callback_params.filename': 'hf_llama3_70B--{step}-{consumed_samples}',
-        'exp_manager.checkpoint_callback_params.model_parallel_size': '${multiply:${distributed_strategy.tensor_model_parallel_size}, '
-        '${distributed_strategy.pipeline_model_parallel_size}}',
+        'exp_manager.checkpoint_callback_params.model_parallel_size':
+            '${multiply:${distributed_strategy.tensor_model_parallel_size}, '
+            '${distributed_strategy.pipeline_model_parallel_size}}',
         'exp_manager.checkpoint_callback_params.every_n_train_steps': 10,
         'exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt': False,
         'exp_manager.log_parameter_norm': True,
@@ -463,8 +466,9 @@ EXAMPLES = {
         'exp_manager.checkpoint_callback_params.mode': 'max',
         'exp_manager.checkpoint_callback_params.save_last': False,
         'exp_manager.checkpoint_callback_params.filename': 'hf_llama3_8B--{step}-{consumed_samples}',
-        'exp_manager.checkpoint_callback_params.model_parallel_size': '${multiply:${distributed_strategy.tensor_model_parallel_size}, '
-        '${distributed_strategy.pipeline_model_parallel_size}}',
+        'exp_manager.checkpoint_callback_params.model_parallel_size':
+            '${multiply:${distributed_strategy.tensor_model_parallel_size}, '
+            '${distributed_strategy.pipeline_model_parallel_size}}',
         'exp_manager.checkpoint_callback_params.every_n_train_steps': 10,
         'exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt': False,
         'exp_manager.log_parameter_norm': True,
@@ -548,8 +552,9 @@ EXAMPLES = {
         'exp_manager.checkpoint_callback_params.mode': 'max',
         'exp_manager.checkpoint_callback_params.save_last': False,
         'exp_manager.checkpoint_callback_params.filename': 'megatron_gpt--{step}-{consumed_samples}',
-        'exp_manager.checkpoint_callback_params.model_parallel_size': '${multiply:${distributed_strategy.tensor_model_parallel_size}, '
-        '${distributed_strategy.pipeline_model_parallel_size}}',
+        'exp_manager.checkpoint_callback_params.model_parallel_size':
+            '${multiply:${distributed_strategy.tensor_model_parallel_size}, '
+            '${distributed_strategy.pipeline_model_parallel_size}}',
         'exp_manager.checkpoint_callback_params.every_n_train_steps': 200,
         'exp_manager.checkpoint_callback_params.use_master_weights_in_ckpt': False,
         'exp_manager.log_parameter_norm': True,
@@ -729,15 +734,16 @@ REASONS = {
     'its earlier attempt wrote, and train.sh can see them (NxDT\'s train.sh passes '
     'null and versions logs by job id)',
     'exp_manager.exp_dir': 'the export\'s own `exp` folder instead of the tutorial\'s home directory',
-    'exp_manager.checkpoint_callback_params.model_parallel_size': 'TP×PP written out: `${multiply:…}` is a NeMo resolver that Hydra '
-    'and OmegaConf alone do not have',
+    'exp_manager.checkpoint_callback_params.model_parallel_size':
+        'TP×PP written out: `${multiply:…}` is a NeMo resolver that Hydra and OmegaConf alone do not have',
     'exp_manager.checkpoint_callback_params.save_top_k': 'the recipe keeps the newest 2 checkpoints: a save cut short '
     '(time limit, node loss) still leaves a whole one to resume '
     'from',
-    'exp_manager.checkpoint_callback_params.every_n_train_steps': 'the recipe\'s trainer.save_every: 10 steps as NxDT\'s Llama 3 '
-    'examples (≈ 54 min at the 70B\'s 321 s/step; the 3.1 example saves only at its last step, so a failure loses the run). '
-    'Seed 0\'s hourly saves become the megatron example\'s 200 steps: NxDT types train_time_interval as an int '
-    '(utils/exp_manager.py:43) where Lightning wants a timedelta',
+    'exp_manager.checkpoint_callback_params.every_n_train_steps':
+        'the recipe\'s trainer.save_every: 10 steps as NxDT\'s Llama 3 examples (≈ 54 min at the 70B\'s 321 '
+        's/step; the 3.1 example saves only at its last step, so a failure loses the run). Seed 0\'s hourly saves '
+        'become the megatron example\'s 200 steps: NxDT types train_time_interval as an int '
+        '(utils/exp_manager.py:43) where Lightning wants a timedelta',
     'data.train_dir': 'the Arrow blocks `nxpretrain.data.arrow` writes from our data stage\'s corpus (the tutorial\'s '
     'path is its own)',
     'data.data_prefix': 'the `.bin/.idx` our data stage writes (the tutorial\'s path is its own)',

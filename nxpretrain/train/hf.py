@@ -51,14 +51,15 @@ def import_hf(path, out, recipe: Recipe | None = None):
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
     from nxpretrain.models.hf_mapping import from_hf_config, hf_loaders, check_hf_shapes
     from nxpretrain.models.registry import build_model
-    from nxpretrain.train.checkpoint import Checkpointer
+    from nxpretrain.train.checkpoint import Checkpointer, saved_state
     from nxpretrain.config import to_dict
     config, shapes, take = open_hf_folder(path)
     cfg = recipe.model if recipe is not None else from_hf_config(config)
     V = padded_vocab(cfg)
     loaders = hf_loaders(cfg, shapes, V)
     check_hf_shapes(cfg, loaders, shapes.__getitem__, V)
-    with torch.device('meta'): template = build_model(cfg, V).state_dict()   # names, shapes and dtypes for DCP's plan
+    with torch.device('meta'): model = build_model(cfg, V)
+    template = saved_state(model.state_dict(), model.tied_names)   # names, shapes, dtypes for DCP; a tied head once
     if cfg.tie_embeddings and 'output.weight' not in loaders:
         loaders['output.weight'] = loaders['tok_embeddings.weight']
     if missing := [k for k in template if k not in loaders]:

@@ -13,7 +13,7 @@ from ..config import Recipe, to_dict
 from ..errors import RecipeError
 from ..models.config import padded_vocab
 from ..validate import validate
-from ..errors import EXIT_REQUEUE, TrainingError
+from ..errors import EXIT_REQUEUE, NxpError, TrainingError
 from ..models.registry import family
 
 # %% auto #0
@@ -229,7 +229,7 @@ def _start(recipe: Recipe, run_dir: Path, st, log, resume_from, weights_only, as
         # _init_optim_state), which would start a fresh run's AdamW bias correction at step 2 (first update 0.74·lr).
         states = TrainingStateDict(model.module, optimizer)
         state = states.state_dict()
-        resumed = ck.load(state, path=found, verified=True)
+        resumed = ck.load(state, path=found, verified=True, aliases=states.aliases)
         states.load_state_dict(state)
     return model, optimizer, ck, resumed
 
@@ -266,6 +266,7 @@ class Trainer:
             use_compile_cache(self.recipe)
         self.st, self.is_main, self.n_world = state, rank() == 0, world()
         self.log = _logger(self.run_dir / 'train.log' if self.is_main else None)
+        self.check_disk()
         self.recipe = precision_for_device(self.recipe, self.st.torch_device, self.log)
         if self.is_main: to_yaml(self.recipe, self.run_dir / 'recipe.yaml')
         t_model = time.perf_counter()
@@ -411,14 +412,18 @@ class Trainer:
         self.t_entry = time.perf_counter()   # process group, model and data count towards the time to the first step
         with parallel_session(self.recipe) as state, StopFlag() as stop:
             self.start(state)
-            while self.state.step < self.max_steps:
-                t0 = time.perf_counter()
-                loss, gnorm, lr, signalled, time_due = self.step(stop)
-                self.log_step(loss, gnorm, lr, time.perf_counter() - t0)
-                if self.nonfinite < MAX_NONFINITE:
-                    self.evaluate()
-                    self.save(loss, lr, signalled, time_due)
-                if self.stop(stop.signal, signalled): break
+            try:
+                while self.state.step < self.max_steps:
+                    t0 = time.perf_counter()
+                    loss, gnorm, lr, signalled, time_due = self.step(stop)
+                    self.log_step(loss, gnorm, lr, time.perf_counter() - t0)
+                    if self.nonfinite < MAX_NONFINITE:
+                        self.evaluate()
+                        self.save(loss, lr, signalled, time_due)
+                    if self.stop(stop.signal, signalled): break
+            except NxpError:
+                self.prog.close()   # the one line that ends the run (a failed save) comes on a line of its own
+                raise
             return self.finish()
 
     def finish(self) -> TrainResult:
@@ -438,6 +443,27 @@ class Trainer:
         self.scalars.close(step=res.final_step, stopped=res.stopped, exit_code=res.exit_code,
                            loss=res.losses[-1] if res.losses else None, tokens_per_s=round(res.tokens_per_s, 1))
         return res
+
+# %% ../../nbs/api/43_trainer.ipynb #552c8728
+from fastcore.basics import patch
+
+@patch
+def check_disk(self: Trainer):
+    "Stop (or warn, `trainer.low_disk=warn`) when the checkpoint folder has no room for the checkpoints of this run."
+    from nxpretrain.errors import CheckpointError
+    from nxpretrain.plan import checkpoint_bytes
+    from nxpretrain.train.checkpoint import broadcast_object
+    from nxpretrain.train.disk import checkpoints_held, room_for_checkpoints
+    tr = self.recipe.trainer
+    if not (tr.save_every or tr.save_every_minutes): return
+    problem = None
+    if self.is_main:
+        held = checkpoints_held(tr.keep_last, tr.save_every, self.max_steps)
+        problem = room_for_checkpoints(self.run_dir / 'checkpoints', checkpoint_bytes(self.recipe), held)
+    problem = broadcast_object(problem)   # every rank stops, or none
+    if problem is None: return
+    if tr.low_disk == 'stop': raise CheckpointError(f"{problem}, or set trainer.low_disk=warn to start anyway")
+    self.log(f"warning: {problem} (trainer.low_disk=warn: starting anyway)")
 
 # %% ../../nbs/api/43_trainer.ipynb #d0ee4f28
 def train(
