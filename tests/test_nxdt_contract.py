@@ -146,13 +146,16 @@ def test_trn2_export_is_seed4s_trn2_run(exports):
 
 
 def test_trn2_lnc1_and_trn1_layouts(tmp_path):
-    "LNC 1 gives 128 ranks a node and lnc 1; the trn2 recipe on trn1 keeps NxDT's key at 1 (NxDT forces 1 off trn2)."
-    lnc1 = load_struct(export_nxdt('llama3_70b_trn2', tmp_path / 'lnc1', 'trn2.48xlarge-lnc1:4',
-                                   data_root=tmp_path / 'data')['train'].recipe_path)
-    assert (lnc1.trainer.devices, lnc1.trainer.lnc, contract_problems(lnc1)) == (128, 1, [])
-    trn1 = load_struct(export_nxdt('llama3_70b_trn2', tmp_path / 'trn1', 'trn1.32xlarge:16',
-                                   data_root=tmp_path / 'data')['train'].recipe_path)
-    assert (trn1.trainer.devices, trn1.trainer.lnc, contract_problems(trn1)) == (32, 1, [])
+    """LNC 1 gives 128 ranks a node and lnc 1; the trn2 recipe on trn1 keeps NxDT's key at 1 (NxDT forces 1 off trn2);
+    a trn1 recipe on trn2 gets the profile's LNC; every difference from the examples has its reason."""
+    for name, cluster, overrides, want in (('llama3_70b_trn2', 'trn2.48xlarge-lnc1:4', [], (128, 1)),
+                                           ('llama3_70b_trn2', 'trn1.32xlarge:16', [], (32, 1)),
+                                           ('llama3_70b', 'trn2.48xlarge:8', ['parallel.pp=4'], (64, 2))):
+        jobs = export_nxdt(name, tmp_path / cluster.replace(':', '-'), cluster, overrides, data_root=tmp_path / 'data')
+        cfg = load_struct(jobs['train'].recipe_path)
+        assert (cfg.trainer.devices, cfg.trainer.lnc, contract_problems(cfg)) == (*want, []), (name, cluster)
+        rows = differences(yaml.safe_load(jobs['train'].recipe_path.read_text()), get_recipe(name, *overrides))
+        assert all(r['reason'] for r in rows), [r for r in rows if not r['reason']]
 
 
 @pytest.mark.parametrize('edit, expect', [
