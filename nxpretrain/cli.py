@@ -171,7 +171,7 @@ def _watch(a):
     if a.nodes:                                    # each node's CPU, memory and accelerators, gathered on the nodes
         from nxpretrain.launch.nodes import node_usage, usage_table
         print(usage_table(node_usage(a.job_id)).text() + '\n', flush=True)
-    watch(a.job_id, timeout=a.timeout, widgets=False)
+    watch(a.job_id, timeout=a.timeout, widgets=False, engine=a.engine, max_steps=a.max_steps)
 
 # %% ../nbs/api/08_cli.ipynb #cc650eae
 def _evaluate(a):
@@ -308,6 +308,8 @@ def _job_commands(cmd):
     p.add_argument('--timeout', type=float, default=3600, help='seconds (default 3600)')
     p.add_argument('--nodes', action='store_true', help="first each node's CPU, memory and GPU/NeuronCore use (srun "
                                                         "--overlap on the job's nodes)")
+    p.add_argument('--engine', default=None, help="who wrote the log (native, nxdt, megatron); default: the job's own")
+    p.add_argument('--max-steps', type=int, default=None, help='the run length, for the ETA where the log lacks it')
 
 def _checkpoint_commands(cmd):
     "The commands about checkpoints: evaluate, export-hf, import-hf."

@@ -116,3 +116,58 @@ def test_watch_redraws_in_the_background_of_a_real_kernel(tmp_path):
     tables = [u for u in updates if 'local-live' in u]
     assert len(tables) >= 2 and 'COMPLETED' in tables[-1] and 'RUNNING' in ''.join(tables[:-1]), tables
     assert 'step 8/8 | loss 2' in ''.join(updates[-4:]), updates[-4:]
+
+
+# NxD Training's TensorBoard rows as NxDT 9169aa0 writes them with our exports' log_every_n_steps 1: the postfix's
+# names, unprefixed (NxDT src/neuronx_distributed_training/lightning_modules/model/base.py:640-654, logged on_step so no
+# `_step` suffix), `epoch` (Lightning 2.5.0 trainer/connectors/logger_connector/logger_connector.py:113) and
+# `train_step_timing` (NxDT src/neuronx_distributed_training/utils/exp_manager.py:74), one row a step at x = the
+# 0-based step (logger_connector.py:113-114)
+NXDT_TAGS = ('reduced_train_loss', 'lr', 'parameter_norm', 'gradient_norm', 'global_step', 'consumed_samples',
+             'throughput', 'throughput_peak', 'epoch', 'train_step_timing')
+
+
+def _nxdt_line(step: int, batches: int = 91) -> str:
+    "Lightning 2.5's bar as NxDT prints it after `step` steps (tqdm_progress.py:105; seconds as at 320 s a step)."
+    elapsed, left = 320 * step, 320 * (batches - step)
+    clock = lambda s: f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
+    return (f"Epoch 0:  {100 * step // batches:2d}%|▏         | {step}/{batches} [{clock(elapsed)}<{clock(left)},  "
+            f"0.00it/s, reduced_train_loss={13 - step / 10:.3f}, lr=1.5e-8, parameter_norm=5536.0, "
+            f"gradient_norm=9.810, global_step={step - 1}.000, consumed_samples={step * 1024}.0, throughput=3.200, "
+            "throughput_peak=3.200]")
+
+
+def test_an_nxdt_job_is_read_through_its_engine(tmp_path, monkeypatch):
+    "An NxDT job's log (`\\r`-separated updates) and event file, read by the monitor and `watch` through its engine."
+    import os, subprocess, sys
+    from torch.utils.tensorboard import SummaryWriter
+    from nxpretrain.launch.engine import get_engine
+    from nxpretrain.launch.watch import watch
+    from nxpretrain.recipes import get_recipe
+    monkeypatch.setenv('NXPRETRAIN_HOME', str(tmp_path))
+    run = tmp_path / 'exp' / 'llama3_70b_trn2'          # exp_manager.explicit_log_dir: the events land in it
+    with SummaryWriter(str(run)) as w:
+        for x in range(3):
+            values = (13 - (x + 1) / 10, 1.5e-8, 5536.0, 9.81, float(x), (x + 1) * 1024.0, 3.2, 3.2, 0.0, 320.0)
+            for tag, value in zip(NXDT_TAGS, values): w.add_scalar(tag, value, x)
+    sc = monitor.scalars(run, get_engine('nxdt').tb_tags)
+    assert list(sc.index) == [0, 1, 2] and sc['loss'].round(3).tolist() == [12.9, 12.8, 12.7], sc
+    assert {'grad_norm', 'parameter_norm', 'throughput', 'train_step_timing'} <= set(sc.columns)
+    log = tmp_path / 'slurm-7.out'
+    # tqdm redraws with a carriage return before each update; the 4th is still being written
+    log.write_text('[NeMo I 2025-09-12 10:00:00 exp_manager:246] Experiments will be logged at x\n' +
+                   ''.join('\r' + _nxdt_line(s) for s in (1, 2, 3)) + '\r' + _nxdt_line(4)[:60])
+    _record(tmp_path, 'local-0007', 'local', socket.gethostname())
+    rec = json.loads((tmp_path / 'jobs.jsonl').read_text())
+    rec.update(engine='nxdt', log=str(log))
+    (tmp_path / 'jobs.jsonl').write_text(json.dumps(rec) + '\n')
+    row = monitor.status_table('local-0007', run, recipe=get_recipe('llama3_70b_trn2')).rows[0]
+    assert row[5:] == ['3/10000', '12.7000', f"{3.2 * 8192:.0f}", '0:00:00'], row      # ended: no time left
+    p = monitor.progress(run, log=log.read_text(), recipe=get_recipe('llama3_70b_trn2'))
+    assert p['eta_s'] == pytest.approx(9997 * 320.0), p
+    assert watch('local-0007', timeout=2, poll=0.1).last['loss'] == 12.7           # the engine its record names
+    env = {**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1])}
+    argv = ['watch', str(log), '--engine', 'nxdt', '--max-steps', '100', '--timeout', '0.5']
+    out = subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main({argv!r})"],
+                         capture_output=True, text=True, env=env).stdout
+    assert 'step 3/100, 320.00 s/step, ETA 517.3 min | loss 12.7' in out, out
