@@ -115,28 +115,30 @@ def _framework_progress(engine, log: str, recipe, max_steps: int | None) -> dict
     "step, max_steps, loss, tokens/s and ETA (s) from the last line of `log` that `engine` reads as progress."
     import re
     from nxpretrain.launch.watch import run_progress
-    out = dict(step=0, max_steps=max_steps, loss=float('nan'), tokens_per_s=float('nan'), eta_s=None)
+    out = dict(step=0, max_steps=max_steps, loss=float('nan'), lr=float('nan'), tokens_per_s=float('nan'), eta_s=None)
     rows = [r for r in map(engine.parse_progress, re.split(r'[\r\n]', log or '')) if r]
     if not rows: return out
     last = run_progress(rows[-1], max_steps)
     out.update(step=last['step'], eta_s=last.get('remaining_s'))
-    if isinstance(last.get('loss'), float): out['loss'] = last['loss']
+    out.update({k: last[k] for k in ('loss', 'lr') if isinstance(last.get(k), float)})
     tokens = recipe.data.global_batch * recipe.model.seq_len     # a step
     if last.get('s_per_step'): out['tokens_per_s'] = tokens / last['s_per_step']
     return out
 
 def progress(run_dir, max_steps: int | None = None, log: str = '', recipe=None) -> dict:
-    """step, max_steps, loss, tokens/s and ETA (s) of the run in `run_dir`; max steps from `log`'s last `step N/M`, else
-    `max_steps`. The job of a `recipe` that another engine runs: from its `log`, read by that engine."""
+    """step, max_steps, loss, learning rate, tokens/s and ETA (s) of the run in `run_dir`; max steps from `log`'s last
+    `step N/M`, else `max_steps`. The job of a `recipe` that another engine runs: from its `log`, read by that
+    engine."""
     import re
     from nxpretrain.launch.engine import engine_of
     if recipe is not None and (engine := engine_of(recipe)).name != 'native':
         return _framework_progress(engine, log, recipe, max_steps or recipe.trainer.max_steps)
     st = steps(run_dir) if run_dir else None
-    out = dict(step=0, max_steps=max_steps, loss=float('nan'), tokens_per_s=float('nan'), eta_s=None)
+    out = dict(step=0, max_steps=max_steps, loss=float('nan'), lr=float('nan'), tokens_per_s=float('nan'), eta_s=None)
     if m := re.findall(r'step (\d+)/(\d+)', log or ''): out['max_steps'] = int(m[-1][1])   # what the job runs to
     if st is None or not len(st): return out
     out.update(step=int(st.index[-1]), loss=float(st['loss'].iloc[-1]))
+    if 'lr' in st: out['lr'] = float(st['lr'].iloc[-1])
     if (Path(run_dir) / 'tb').is_dir() and 'tokens_per_s' in (sc := scalars(run_dir)):
         out['tokens_per_s'] = float(sc['tokens_per_s'].dropna().iloc[-1])
     if out['max_steps'] and len(st) > 1:
@@ -152,19 +154,19 @@ def _hms(s) -> str:
 
 def status_table(job_id, run_dir=None, max_steps: int | None = None, log_lines: int = 200, status=None,
                  recipe=None) -> 'Table':
-    """A one-row `Table` of `job_id`: state, nodes, elapsed, step/max, loss, tokens/s, ETA (of `status` when given; the
-    run's numbers as `recipe`'s engine reads them)."""
+    """A one-row `Table` of `job_id`: state, nodes, elapsed, step/max, loss, learning rate, tokens/s, ETA (of `status`
+    when given; the run's numbers as `recipe`'s engine reads them)."""
     from nxpretrain.machine import Table
     s = status or job_status(job_id, run_dir)
     p = progress(run_dir, max_steps, log_tail(job_id, log_lines), recipe)
     step = f"{p['step']}/{p['max_steps'] or '?'}"
     eta = '0:00:00' if s.done else _hms(p['eta_s'])
     return Table(
-        ['job', 'cluster', 'state', 'nodes', 'elapsed', 'step', 'loss', 'tokens/s', 'ETA'],
+        ['job', 'cluster', 'state', 'nodes', 'elapsed', 'step', 'loss', 'lr', 'tokens/s', 'ETA'],
         [
             [s.job_id, f"{s.scheduler}:{s.cluster}",
              f"{s.state}" + (f" ({s.reason})" if s.reason not in ('', 'None') and not s.done else ''),
-             f"{s.nodes} {s.node_list}".strip(), _hms(s.elapsed_s), step, f"{p['loss']:.4f}",
+             f"{s.nodes} {s.node_list}".strip(), _hms(s.elapsed_s), step, f"{p['loss']:.4f}", f"{p['lr']:.3g}",
              f"{p['tokens_per_s']:.0f}", eta]
         ],
     )
