@@ -487,6 +487,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                   'nxpretrain/launch/engine.py'),
                                           'nxpretrain.launch.engine.get_engine': ( 'api/engine.html#get_engine',
                                                                                    'nxpretrain/launch/engine.py'),
+                                          'nxpretrain.launch.engine.load_plugin': ( 'api/engine.html#load_plugin',
+                                                                                    'nxpretrain/launch/engine.py'),
                                           'nxpretrain.launch.engine.register_engine': ( 'api/engine.html#register_engine',
                                                                                         'nxpretrain/launch/engine.py')},
             'nxpretrain.launch.job': { 'nxpretrain.launch.job.Job': ('api/job.html#job', 'nxpretrain/launch/job.py'),

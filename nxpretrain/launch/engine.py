@@ -13,7 +13,7 @@ from ..errors import RecipeError
 from ..steptime import Calibration
 
 # %% auto #0
-__all__ = ['ENGINES', 'BUILT_IN', 'Engine', 'register_engine', 'get_engine', 'engine_of']
+__all__ = ['ENGINES', 'BUILT_IN', 'PLUGIN_GROUP', 'Engine', 'register_engine', 'load_plugin', 'get_engine', 'engine_of']
 
 # %% ../../nbs/api/49b_engine.ipynb #45f87717
 class Engine(ABC):
@@ -81,9 +81,17 @@ def register_engine(cls: type[Engine]) -> type[Engine]:
     ENGINES[cls.name] = cls
     return cls
 
+PLUGIN_GROUP = 'nxpretrain.engines'   # entry points of installed packages: name = "module:EngineClass"
+
+def load_plugin(name: str) -> None:
+    "Import the engine an installed package declares as `name` in the `nxpretrain.engines` entry-point group."
+    from importlib.metadata import entry_points
+    for point in entry_points(group=PLUGIN_GROUP, name=name): register_engine(point.load())
+
 def get_engine(name: str) -> Engine:
     "The engine registered as `name` (a built-in one is imported on first use); a one-line error naming the known ones."
     if name not in ENGINES and name in BUILT_IN: importlib.import_module(f"nxpretrain.launch.{name}")
+    if name not in ENGINES: load_plugin(name)
     if name not in ENGINES:
         known = ', '.join(sorted({*ENGINES, *BUILT_IN}))
         raise RecipeError(f"engine={name!r}: no such engine; choose one of {known} (or register one)")

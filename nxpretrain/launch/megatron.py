@@ -264,7 +264,7 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
     job = Job(job_name(r.name, 'train'), 'train', [str(rank_sh)], out, out / 'recipe.yaml', r.cluster.nodes,
               prof.devices_per_node, prof.name, {}, distributed=False, partition=r.cluster.partition,
               time=r.cluster.time, scheduler='slurm', log=str(out / 'logs' / '%x-%j.out'), script_suffix='sbatch',
-              run_dir=run_dir)
+              run_dir=run_dir, engine='megatron')
     job.script = megatron_job_script(r, prof, out, rank_sh, megatron_needs(flags, mlm), mlm) + '\n'
     job.script_path.write_text(job.script)
     return {'train': job}
