@@ -15,12 +15,13 @@ from .job import Job, export_lines, job_name, plain_value, resolve_cluster
 from .slurm import sbatch_header
 from ..errors import RecipeError
 from .megatron_contract import contract_problems, load_contract
+from .megatron_checkpoint import TRACKER, tracked_iteration
 
 # %% auto #0
-__all__ = ['TRACKER', 'RECOMPUTE_MODULES', 'SEED2_CHECKPOINT_FLAGS', 'RANK_SH', 'JOB_BODY', 'MEGATRON_COMMIT',
-           'parse_megatron_line', 'tracked_iteration', 'megatron_checkpoints', 'megatron_memory', 'megatron_problems',
-           'model_flags', 'layout_flags', 'training_flags', 'save_interval', 'exit_minutes', 'io_flags', 'flag_lines',
-           'srun_options', 'megatron_job_script', 'export_megatron', 'megatron_needs', 'MegatronEngine']
+__all__ = ['RECOMPUTE_MODULES', 'SEED2_CHECKPOINT_FLAGS', 'RANK_SH', 'JOB_BODY', 'MEGATRON_COMMIT',
+           'parse_megatron_line', 'megatron_checkpoints', 'megatron_memory', 'megatron_problems', 'model_flags',
+           'layout_flags', 'training_flags', 'save_interval', 'exit_minutes', 'io_flags', 'flag_lines', 'srun_options',
+           'megatron_job_script', 'export_megatron', 'megatron_needs', 'MegatronEngine']
 
 # %% ../../nbs/api/52b_megatron.ipynb #77abbaa7
 _ITERATION = re.compile(r'iteration\s+(\d+)/\s*(\d+)\s*\|')
@@ -45,15 +46,7 @@ def parse_megatron_line(line: str) -> dict | None:
     return out
 
 # %% ../../nbs/api/52b_megatron.ipynb #09e87dc9
-TRACKER = 'latest_checkpointed_iteration.txt'
-_ITER_DIR = re.compile(r'iter_(\d{7})$')
-
-def tracked_iteration(folder) -> int | None:
-    "The iteration Megatron-LM's tracker file in `folder` names (None when there is none yet)."
-    f = Path(folder) / TRACKER
-    if not f.is_file(): return None
-    text = f.read_text().strip()
-    return int(text) if text.isdigit() else None
+_ITER_DIR = re.compile(r'iter_(\d{7})$')   # a save's folder; TRACKER names the last: launch.megatron_checkpoint
 
 def megatron_checkpoints(folder) -> list[Path]:
     "Megatron-LM's complete `iter_NNNNNNN` checkpoints under `folder` (its --save, or a run folder's checkpoints/)."
