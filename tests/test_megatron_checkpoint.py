@@ -247,3 +247,34 @@ def test_metadata_with_seed2s_mcore_data_is_read(jobs, tmp_path):
     _, names, take = read_megatron_checkpoint(save, SAVES_TP1['tied'][0])
     _, _, take_original = read_megatron_checkpoint(out / 'tied' / 'gpt3_125m' / 'checkpoints')
     assert all(torch.equal(take(n), take_original(n)) for n in names)
+
+
+@pytest.mark.parametrize('name', ['tied', 'tp2_untied'])
+def test_evaluate_and_export_hf_take_a_megatron_checkpoint(jobs, tmp_path, name):
+    """The engine that wrote the folder is found from it: evaluation loads it, export-hf makes a transformers model of
+    it."""
+    import subprocess
+    from transformers import GPT2LMHeadModel
+    from nxpretrain.evaluate import load_model
+    from data_helpers import train_bpe, demo_documents
+    out, logits = jobs
+    r = (SAVES_TP1 | SAVES_TP2)[name][0]
+    save = out / name / r.name / 'checkpoints' / f'iter_{ITERATION:07d}'
+    rows = padded_vocab(r.model, r.parallel.tp)
+    model, recipe = load_model(save)
+    assert recipe.engine == 'megatron' and recipe.parallel.tp == r.parallel.tp
+    with torch.no_grad(): ours = model(tokens(r.model.vocab_size))
+    torch.testing.assert_close(ours, logits[name][..., :rows], atol=1e-5, rtol=0)
+    hf = tmp_path / 'hf'
+    root = Path(__file__).resolve().parents[1]
+    gpt2 = tmp_path / 'runs' / 'data' / 'gpt2'        # the GPT-2 files the job read (--vocab-file, --merge-file)
+    gpt2.mkdir(parents=True)
+    train_bpe(demo_documents()[:200], 300).tok.model.save(str(gpt2))
+    p = subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main(['export-hf', {str(save)!r}, "
+                        f"{str(hf)!r}])"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, 'PYTHONPATH': str(root)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    with torch.no_grad(): theirs = GPT2LMHeadModel.from_pretrained(hf).eval()(tokens(r.model.vocab_size)).logits
+    torch.testing.assert_close(theirs[..., :r.model.vocab_size], logits[name][..., :r.model.vocab_size], atol=1e-5,
+                               rtol=0)
+    assert (hf / 'tokenizer.json').exists() and (hf / 'generation_config.json').exists()

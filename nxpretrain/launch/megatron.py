@@ -296,6 +296,14 @@ class MegatronEngine(Engine):
 
     def checkpoints(self, folder) -> list[Path]: return megatron_checkpoints(folder)
 
+    def owns_checkpoint(self, path) -> bool:
+        p = Path(path)
+        return bool(_ITER_DIR.search(p.name)) or any((d / TRACKER).is_file() for d in (p, p / 'checkpoints'))
+
+    def read_checkpoint(self, path, recipe=None) -> tuple:
+        from nxpretrain.launch.megatron_checkpoint import read_megatron_checkpoint
+        return read_megatron_checkpoint(path, recipe)
+
     def requeue(self, folder, recipe) -> bool:
         done = self.checkpoints(folder)
         return not done or int(_ITER_DIR.search(done[-1].name)[1]) < recipe.trainer.max_steps

@@ -580,7 +580,9 @@ class NxdtEngine(Engine):
 
     def checkpoints(self, folder) -> list[Path]: return nxdt_checkpoints(folder)
 
-    def read_checkpoint(self, path) -> tuple: raise nxdt_checkpoint_error(path)
+    def owns_checkpoint(self, path) -> bool: return Path(path).name.endswith('.ckpt')
+
+    def read_checkpoint(self, path, recipe=None) -> tuple: raise nxdt_checkpoint_error(path)
 
     def requeue(self, folder, recipe) -> bool: return nxdt_unfinished(folder, recipe.trainer.max_steps)
 
