@@ -49,6 +49,7 @@ def _worker(fn, rank, world, port, threads, timeout, env, results, args, kwargs)
 # %% ../../nbs/api/31_spawn.ipynb #bda42773
 _SECONDARY = ('Connection reset', 'Connection closed', 'Timed out', 'timed out', 'Broken pipe', 'Socket closed')
 
+
 def _diagnose(failures: dict, procs, out) -> str:
     "The root cause first: a rank that died, then an error that is not just a peer noticing the failure."
     dead = {r: f"rank {r} died with exit code {p.exitcode} before reporting (killed, out of memory, os._exit? or the "
@@ -59,6 +60,7 @@ def _diagnose(failures: dict, procs, out) -> str:
     first, rest = msgs[order[0]], [msgs[r].split('\n')[0] for r in order[1:]]
     return first + (('\nother ranks: ' + '; '.join(rest)) if rest else '')
 
+# %% ../../nbs/api/31_spawn.ipynb #78f85838
 def run_distributed(
     fn, world: int, *args, timeout: float = 60, threads: int = 1, env: dict | None = None, **kwargs
 ) -> list:
