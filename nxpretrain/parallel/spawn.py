@@ -49,7 +49,6 @@ def _worker(fn, rank, world, port, threads, timeout, env, results, args, kwargs)
 # %% ../../nbs/api/31_spawn.ipynb #bda42773
 _SECONDARY = ('Connection reset', 'Connection closed', 'Timed out', 'timed out', 'Broken pipe', 'Socket closed')
 
-
 def _diagnose(failures: dict, procs, out) -> str:
     "The root cause first: a rank that died, then an error that is not just a peer noticing the failure."
     dead = {r: f"rank {r} died with exit code {p.exitcode} before reporting (killed, out of memory, os._exit? or the "
