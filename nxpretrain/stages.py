@@ -71,9 +71,8 @@ def _show_job(job, show, verb: str):
     show(Folded(f"The job {verb}: {job.script_path} ({len(str(job).splitlines())} lines)", str(job)))
     if not job.distributed and Path(job.argv[0]).is_file():
         node_script = Path(job.argv[0])
-        show(
-            Folded(f"{node_script} (what srun runs on every node; config: {job.recipe_path})", node_script.read_text())
-        )
+        title = f"{node_script} (what srun runs on every node; config: {job.recipe_path})"
+        show(Folded(title, node_script.read_text()))
 
 # %% ../nbs/api/07_stages.ipynb #5eff045e
 def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
