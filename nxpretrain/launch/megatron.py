@@ -149,8 +149,9 @@ def exit_minutes(r: Recipe, save_seconds: float) -> int | None:
     return None if not limit else max(1, int((limit - save_seconds - 300) // 60))
 
 # %% ../../nbs/api/52b_megatron.ipynb #bdb2c192
-SEED2_CHECKPOINT_FLAGS = [('ckpt-fully-parallel-load',), ('use-persistent-ckpt-worker',),
-                          ('ckpt-assume-constant-structure',)]   # seed 2's 04-gpt175B.sh, for its 2.3 TiB saves
+# seed 2's 04-gpt175B.sh, for its 2.3 TiB saves; not its --use-persistent-ckpt-worker, which only --async-save reads
+# (initialize.py:80)
+SEED2_CHECKPOINT_FLAGS = [('ckpt-fully-parallel-load',), ('ckpt-assume-constant-structure',)]
 
 def io_flags(r: Recipe, run_dir: Path, data_root, step_seconds: float, save_seconds: float) -> list[tuple]:
     "(flag, values) of the data, the checkpoints, the logs and the exit conditions."
@@ -258,15 +259,18 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
               prof.devices_per_node, prof.name, {}, distributed=False, partition=r.cluster.partition,
               time=r.cluster.time, scheduler='slurm', log=str(out / 'logs' / '%x-%j.out'), script_suffix='sbatch',
               run_dir=run_dir, engine='megatron')
-    job.script = megatron_job_script(r, prof, out, rank_sh, megatron_needs(flags, mlm), mlm) + '\n'
+    job.script = megatron_job_script(r, prof, out, rank_sh, megatron_needs(flags, mlm, prof.container), mlm) + '\n'
     job.script_path.write_text(job.script)
     return {'train': job}
 
-def megatron_needs(flags: list[tuple], megatron_lm: str) -> dict:
-    "{path the job reads: what makes it} for the checkout, the data and the tokenizer files the flags name."
+def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '') -> dict:
+    """{path the job reads: what makes it} for the container image, the checkout, the data and the tokenizer files the
+    flags name."""
     values = {f[0]: f[1:] for f in flags}
     needs = {f"{megatron_lm}/pretrain_gpt.py": f"git clone https://github.com/NVIDIA/Megatron-LM {megatron_lm} && "
                                                 f"git -C {megatron_lm} checkout {MEGATRON_COMMIT}"}
+    if container.endswith('.sqsh'):
+        needs[container] = f"enroot import --output {container} docker://{load_contract()['setup_script']['image']}"
     needs.update({p + '.idx': 'prepare the corpus: nxpretrain data RECIPE' for p in values['data-path'][1::2]
                   or values['data-path']})
     needs.update({values[k][0]: 'GPT-2 vocab.json and merges.txt from https://huggingface.co/gpt2'
