@@ -1010,6 +1010,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                    'nxpretrain/launch/watch.py'),
                                          'nxpretrain.launch.watch.parse_progress': ( 'api/watch.html#parse_progress',
                                                                                      'nxpretrain/launch/watch.py'),
+                                         'nxpretrain.launch.watch.parse_step_line': ( 'api/watch.html#parse_step_line',
+                                                                                      'nxpretrain/launch/watch.py'),
                                          'nxpretrain.launch.watch.plot_progress': ( 'api/watch.html#plot_progress',
                                                                                     'nxpretrain/launch/watch.py'),
                                          'nxpretrain.launch.watch.progress_parser': ( 'api/watch.html#progress_parser',

@@ -254,7 +254,8 @@ class Plan:
     problems: list = field(default_factory=list)
     advice: list = field(default_factory=list)
     step: object = None          # the step time explained (`nxpretrain.steptime.StepTime`)
-    anchors: list = field(default_factory=list)   # (a published run of this recipe, this model's seconds for its framework)
+    # (a published run of this recipe, this model's seconds for its framework)
+    anchors: list = field(default_factory=list)
 
     @property
     def fits(self): return self.memory.total / GiB <= self.device_gib

@@ -10,8 +10,8 @@ from pathlib import Path
 from .launcher import END_STATES, log_path, status
 
 # %% auto #0
-__all__ = ['clock_seconds', 'metric_value', 'parse_progress', 'ProgressReader', 'interactive', 'describe',
-           'progress_parser', 'run_progress', 'watch', 'plot_progress', 'where_logs']
+__all__ = ['clock_seconds', 'metric_value', 'parse_step_line', 'parse_progress', 'ProgressReader', 'interactive',
+           'describe', 'progress_parser', 'run_progress', 'watch', 'plot_progress', 'where_logs']
 
 # %% ../../nbs/api/51_watch.ipynb #74db74bf
 _PROGRESS = re.compile(r"(?:Epoch\s+(?P<epoch>\d+):)?[^|\n]*?(?:\|[^|\n]*\|)?\s*(?P<step>\d+)/(?P<total>\d+)\s*"
@@ -29,10 +29,25 @@ def metric_value(v: str):
     try: return float(v)
     except ValueError: return v
 
-def parse_progress(line: str) -> dict | None:
-    "The numbers of a progress line, or None when `line` is not one."
-    m = _PROGRESS.search(line.split('\r')[-1] if line.rstrip('\r') else line)
+_STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+) \| (?P<rest>.*)$")
+_STEP_LINE_NAMES = {'tokens/s': 'tokens_per_s', 's/step': 's_per_step'}
+
+def parse_step_line(line: str) -> dict | None:
+    "The numbers of the trainer's own log line (`step 5/20 | loss 8.9 | … | s/step 0.41`), or None."
+    m = _STEP_LINE.match(line.strip())
     if not m: return None
+    d = {'step': int(m['step']), 'total': int(m['total'])}
+    for part in m['rest'].split(' | '):
+        key, _, value = part.rpartition(' ')
+        if key[:1].isalpha(): d[_STEP_LINE_NAMES.get(key, key)] = metric_value(value)
+    if isinstance(d.get('s_per_step'), float): d['remaining_s'] = (d['total'] - d['step']) * d['s_per_step']
+    return d
+
+def parse_progress(line: str) -> dict | None:
+    """The numbers of a progress line (a Lightning-style bar, or the trainer's step line that a log file holds
+    instead), or None when `line` is not one."""
+    m = _PROGRESS.search(line.split('\r')[-1] if line.rstrip('\r') else line)
+    if not m: return parse_step_line(line)
     d = {'step': int(m['step']), 'total': int(m['total']), 'elapsed_s': clock_seconds(m['elapsed']),
          'remaining_s': clock_seconds(m['remaining'])}
     if m['epoch'] is not None: d['epoch'] = int(m['epoch'])
