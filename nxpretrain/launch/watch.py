@@ -29,11 +29,11 @@ def metric_value(v: str):
     try: return float(v)
     except ValueError: return v
 
-_STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+) \| (?P<rest>.*)$")
+_STEP_LINE = re.compile(r"^(?:\d+: *)?step (?P<step>\d+)/(?P<total>\d+) \| (?P<rest>.*)$")
 _STEP_LINE_NAMES = {'tokens/s': 'tokens_per_s', 's/step': 's_per_step'}
 
 def parse_step_line(line: str) -> dict | None:
-    "The numbers of the trainer's own log line (`step 5/20 | loss 8.9 | … | s/step 0.41`), or None."
+    "The numbers of the trainer's log line (`step 5/20 | loss 8.9 | … | s/step 0.41`, or srun's `0: step …`), or None."
     m = _STEP_LINE.match(line.strip())
     if not m: return None
     d = {'step': int(m['step']), 'total': int(m['total'])}
