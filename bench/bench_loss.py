@@ -83,7 +83,7 @@ def hwm_kib() -> int:
 def hidden_and_head(a):
     "The final hidden states (1, seq, hidden) of a 1-layer Llama, as a leaf, and its output head."
     from nxpretrain.recipes import get_recipe
-    from nxpretrain.models import build_model
+    from nxpretrain.models.registry import build_model
     from nxpretrain.parallel.loss import ChunkedHead
     r = get_recipe('llama3_tiny', 'model.n_layers=1', f'model.hidden={a.hidden}', 'model.n_heads=4',
                    'model.n_kv_heads=2', f'model.ffn_hidden={2 * a.hidden}', f'model.vocab_size={a.vocab}',

@@ -25,9 +25,13 @@ import argparse, copy, statistics, time, sys, os
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 import torch.nn.functional as F
-from nxpretrain.recipes import get_recipe, padded_vocab, override, attention_kernel, loss_chunk_tokens
-from nxpretrain.models import build_model, count_parameters
-from nxpretrain.models.hf import to_hf_config, from_hf_state_dict
+from nxpretrain.recipes import get_recipe
+from nxpretrain.models.config import padded_vocab
+from nxpretrain.config import override
+from nxpretrain.parallel.kernels import attention_kernel, loss_chunk_tokens
+from nxpretrain.models.registry import build_model
+from nxpretrain.models.blocks import count_parameters
+from nxpretrain.models.hf_mapping import to_hf_config, from_hf_state_dict
 from nxpretrain.perf import measure_matmul_tflops, model_flops_per_token, step_profile
 from nxpretrain.train.allocator import keep_freed_memory
 from nxpretrain.machine import cpu_flags

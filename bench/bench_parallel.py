@@ -42,9 +42,10 @@ def recipe(args, layout=()):
 
 def train(args, layout):
     "Runs on every rank: `args.steps` timed optimizer steps after 2 warm-up steps; returns tokens/s (global)."
-    from nxpretrain.models import build_model, count_parameters
+    from nxpretrain.models.registry import build_model
+    from nxpretrain.models.blocks import count_parameters
     from nxpretrain.parallel.state import initialize_model_parallel
-    from nxpretrain.recipes import padded_vocab
+    from nxpretrain.models.config import padded_vocab
     from nxpretrain.parallel.engine import build_parallel_model
     from nxpretrain.parallel.data import dp_shard
     from nxpretrain.train.allocator import keep_freed_memory

@@ -6,10 +6,11 @@ achievable fractions."""
 # %% ../nbs/api/02c_calibration.ipynb #2dc0d0bf
 from __future__ import annotations
 import math
-from .recipes import Recipe, get_recipe, override
+from .config import Recipe, override
+from .recipes import get_recipe
 from .clusters import profile
 from .plan import communication_bytes, layer_parameters
-from .steptime import ANCHORS, ANCHOR_PROFILES, DEVICES, Anchor, StepTime, step_time
+from .steptime import ANCHORS, ANCHOR_PROFILES, FITS, Anchor, Calibration, StepTime, step_time
 
 # %% auto #0
 __all__ = ['anchor_recipe', 'anchor_step', 'calibration', 'fit_achievable']
@@ -20,12 +21,12 @@ def anchor_recipe(a: Anchor) -> Recipe:
     return override(get_recipe(a.recipe), *a.overrides)
 
 def anchor_step(a: Anchor, achievable: float | None = None) -> StepTime:
-    "Modelled step of anchor `a` on its cluster, at its kind's achievable fraction (or `achievable`)."
+    "Modelled step of anchor `a` on its cluster, at its framework's fit on its device (or `achievable`)."
     prof = ANCHOR_PROFILES.get(a.profile) or profile(a.profile)
     r = anchor_recipe(a)
     dp = r.cluster.nodes * prof.devices_per_node // (r.parallel.tp * r.parallel.pp * r.parallel.cp)
-    return step_time(r, communication_bytes(r, dp), layer_parameters(r.model), prof, dp,
-                     achievable=achievable or DEVICES[a.kind].achievable, overlapped=a.overlapped)
+    cal = FITS[a.framework, a.device] if achievable is None else Calibration(achievable, 'asked')
+    return step_time(r, communication_bytes(r, dp), layer_parameters(r.model), cal, prof, dp, a.overlapped)
 
 def calibration() -> list[dict]:
     "Every anchor: published and predicted seconds per step, the error, and whether it was fitted or held out."
@@ -33,15 +34,23 @@ def calibration() -> list[dict]:
     for a in ANCHORS:
         t = anchor_step(a).total
         out.append(
-            dict(anchor=a.name, kind=a.kind, role=a.role, published_s=round(a.published, 3), predicted_s=round(t, 3),
-                 error=round(t / a.published - 1, 3), source=a.source)
+            dict(
+                anchor=a.name,
+                framework=a.framework,
+                device=a.device,
+                role=a.role,
+                published_s=round(a.published, 3),
+                predicted_s=round(t, 3),
+                error=round(t / a.published - 1, 3),
+                source=a.source,
+            )
         )
     return out
 
-def fit_achievable(kind: str) -> float:
-    """The achievable fraction of `kind` that makes its fitted anchors' predictions meet the published times (geometric
-    mean)."""
-    fits = [a for a in ANCHORS if a.kind == kind and a.role == 'fit']
+def fit_achievable(framework: str, device: str) -> float:
+    """The achievable fraction of `framework` on `device` that makes its fitted anchors' predictions meet the published
+    times (geometric mean)."""
+    fits = [a for a in ANCHORS if (a.framework, a.device) == (framework, device) and a.role == 'fit']
     def log_err(eta): return sum(math.log(anchor_step(a, eta).total / a.published) for a in fits)
     lo, hi = 0.01, 1.0
     for _ in range(40):                                       # the error falls as the fraction rises: bisect

@@ -9,7 +9,8 @@ import os, re, glob, shutil, socket, platform, subprocess, importlib.util, impor
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from fastcore.basics import patch
-from .recipes import CATALOG, Recipe, get_recipe, world_size
+from .recipes import CATALOG, get_recipe
+from .config import Recipe, world_size
 from .clusters import profile
 
 # %% auto #0

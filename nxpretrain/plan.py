@@ -7,17 +7,22 @@ GPU or cluster needed (parameters are counted on a `meta` model)."""
 from __future__ import annotations
 import math
 from dataclasses import dataclass, field
-from .recipes import (Recipe, ModelConfig, padded_vocab, data_parallel_size, world_size, problems, get_recipe,
-                                attention_kernel, loss_chunk_tokens, dense_attention_blocks)
+from .config import Recipe, data_parallel_size, world_size
+from .models.config import ModelConfig, padded_vocab
+from .validate import problems
+from .recipes import get_recipe
+from .parallel.kernels import attention_kernel, loss_chunk_tokens, dense_attention_blocks
 from .clusters import profile
 import dataclasses
-from .families import family
-from .steptime import step_time, published, sp_block_transfers
+from .models.registry import family
+from .steptime import FITS, device_of, step_time, published, sp_block_transfers
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['GiB', 'layer_parameters', 'embedding_parameters', 'model_parameters', 'flops_per_token', 'Memory',
-           'runs_engine', 'rank_parameters', 'memory_per_device', 'in_flight', 'checkpoint_bytes',
-           'checkpoint_write_seconds', 'communication_bytes', 'Plan', 'plan', 'layout_options']
+           'rank_parameters', 'memory_per_device', 'engine_memory', 'in_flight', 'checkpoint_bytes_per_parameter',
+           'checkpoint_bytes', 'checkpoint_write_seconds', 'communication_bytes', 'Plan', 'published_steps', 'plan',
+           'layout_options']
 
 # %% ../nbs/api/02_plan.ipynb #9a297a17
 _COUNTS: dict = {}   # (config with one layer, vocab) → counts: a meta build takes milliseconds, a plan asks often
@@ -25,7 +30,7 @@ _COUNTS: dict = {}   # (config with one layer, vocab) → counts: a meta build t
 def _block_and_rest(m: ModelConfig, vocab: int) -> tuple[int, int]:
     "(parameters of one block, parameters outside the blocks) of `m` with vocabulary `vocab`, counted on `meta`."
     import torch
-    from nxpretrain.models import build_model
+    from nxpretrain.models.registry import build_model
     from nxpretrain.models.blocks import count_parameters as count
     one = dataclasses.replace(m, n_layers=1)
     key = (repr(one), vocab)
@@ -69,17 +74,7 @@ class Memory:
     @property
     def total(self): return self.weights + self.grads + self.optimizer + self.activations + self.buffers
 
-def runs_engine(r: Recipe) -> bool:
-    "Whether `r` runs nxpretrain's engine (trn1 recipes run under NxD Training, exported by `nxpretrain compile`)."
-    return profile(r.cluster.profile).backend != 'xla'
 
-def _stage_parameters(m: ModelConfig, tp: int, pp: int, vocab: int, cuts=None) -> float:
-    "Parameters on the busiest pipeline stage of one TP rank (NxD Training's account)."
-    bounds = [0, *(cuts or [round(m.n_layers * i / pp) for i in range(1, pp)]), m.n_layers]
-    layers = max(b - a for a, b in zip(bounds, bounds[1:]))
-    emb = embedding_parameters(m, vocab)
-    # tied embeddings with PP > 1: first and last stage each hold a copy, so the busiest stage holds one full copy
-    return layers * layer_parameters(m) / tp + (emb if pp == 1 else emb / 2 + m.hidden * vocab / 2) / tp
 
 # %% ../nbs/api/02_plan.ipynb #661fc30b
 def _kv_extra(r: Recipe) -> float:
@@ -162,37 +157,13 @@ def _block_activations(r: Recipe) -> float:
     return kept
 
 # %% ../nbs/api/02_plan.ipynb #ef171a10
-def _nxdt_memory(r: Recipe, dp: int) -> Memory:
-    "NxD Training's bytes per device for trn1 recipe `r` (busiest pipeline stage)."
-    m, p, d = r.model, r.parallel, r.data
-    vocab = padded_vocab(m, p.tp)
-    n = _stage_parameters(m, p.tp, p.pp, vocab, p.pp_cuts)
-    shard = dp if p.fsdp else 1
-    if p.precision == 'bf16':
-        w, g, o = 2 * n, 4 * n, 12 * n                      # bf16 weights, fp32 grads, fp32 master + 2 moments
-    else: w, g, o = 4 * n, 4 * n, 8 * n
-    o /= dp if (p.zero1 or p.fsdp) else 1
-    s, b, h, a, t = m.seq_len / p.cp, d.micro_batch, m.hidden, m.n_heads, p.tp
-    per_layer = (
-        s
-        * b
-        * h
-        * (
-            34 / (t if p.sequence_parallel else 1)
-            + (0 if p.activation_checkpointing != 'none' else 5 * a * s / (h * t))
-        )
-    )
-    if p.activation_checkpointing == 'full':
-        per_layer = 2 * s * b * h / (t if p.sequence_parallel else 1)   # only each layer's input
-    in_flight = min(p.pp, max(d.global_batch // (d.micro_batch * dp), 1))
-    layers = math.ceil(m.n_layers / p.pp)
-    logits = 4 * s * b * vocab / t if p.pp == 1 else 0                      # fp32 logits for the loss on the last stage
-    return Memory(w / shard, g / shard, o / (1 if p.zero1 else shard), layers * per_layer * in_flight + logits)
-
 def memory_per_device(r: Recipe, dp: int | None = None) -> Memory:
-    "Bytes per device for recipe `r` in its layout: each category at its busiest pipeline rank."
-    dp = dp or max(data_parallel_size(r), 1)
-    if not runs_engine(r): return _nxdt_memory(r, dp)
+    "Bytes per device for recipe `r` in its layout, as the engine that runs its job keeps them (busiest rank)."
+    from nxpretrain.launch.engine import engine_of
+    return engine_of(r).memory(r, dp or max(data_parallel_size(r), 1))
+
+def engine_memory(r: Recipe, dp: int) -> Memory:
+    "Bytes per device of nxpretrain's own engine for `r`: each category at its busiest pipeline rank."
     p = r.parallel
     n = max(rank_parameters(r))
     shard = dp * p.cp if p.fsdp else 1
@@ -266,9 +237,14 @@ def _pipeline_buffers(r: Recipe, dp: int) -> float:
     return one * max(min(n, p.pp - k) + (k < p.pp - 1) for k in range(1, p.pp))
 
 # %% ../nbs/api/02_plan.ipynb #9621979a
+def checkpoint_bytes_per_parameter(r: Recipe) -> int:
+    "Bytes a checkpoint of `r` holds per parameter, as the engine that trains it writes them."
+    from nxpretrain.launch.engine import engine_of
+    return engine_of(r).checkpoint_bytes_per_parameter(r)
+
 def checkpoint_bytes(r: Recipe) -> float:
     "Bytes of a full training checkpoint of `r` (model + optimizer state)."
-    return model_parameters(r.model, padded_vocab(r.model)) * (14 if r.parallel.precision == 'bf16' else 12)
+    return model_parameters(r.model, padded_vocab(r.model)) * checkpoint_bytes_per_parameter(r)
 
 def checkpoint_write_seconds(r: Recipe, gbps: float | None = None) -> float:
     "Seconds to write one checkpoint at `gbps` GB/s (default: the recipe's cluster.storage_gbps)."
@@ -321,7 +297,9 @@ def _tp_bytes(r: Recipe) -> float:
 
 @dataclass(repr=False)
 class Plan:
+    "A recipe's plan on its cluster, as the engine that runs its job runs it."
     recipe: Recipe
+    engine: str                  # the framework that runs the job (`nxpretrain.launch.engine`)
     world: int
     dp: int
     parameters: int
@@ -334,100 +312,95 @@ class Plan:
     problems: list = field(default_factory=list)
     advice: list = field(default_factory=list)
     step: object = None          # the step time explained (`nxpretrain.steptime.StepTime`)
+    # (a published run of this recipe, this model's seconds for its framework)
+    anchors: list = field(default_factory=list)
+
     @property
     def fits(self): return self.memory.total / GiB <= self.device_gib
 
-    def rows(self) -> list[tuple[str, str]]:
-        "The plan as (item, value) rows."
-        r, p, m = self.recipe, self.recipe.parallel, self.memory
-        prof = profile(r.cluster.profile)
-        rows = [
-            ('recipe', f"{r.name} ({r.source})" if r.source else r.name),
+# %% ../nbs/api/02_plan.ipynb #009a2a60
+def _layout_text(p, dp: int) -> str:
+    extras = [name for on, name in ((p.sequence_parallel, 'SP'), (p.zero1, 'ZeRO-1'), (p.fsdp, 'FSDP')) if on]
+    return ' · '.join([f"TP {p.tp}", f"PP {p.pp}", f"CP {p.cp}", f"DP {dp}", *extras,
+                       f"recompute {p.activation_checkpointing}"])
+
+def _memory_text(m: Memory, device_gib: float, fits: bool) -> str:
+    buffers = f", pipeline buffers {m.buffers / GiB:.1f})" if m.buffers else ')'
+    return (f"{m.total / GiB:.1f} GiB of {device_gib:g} GiB (weights {m.weights / GiB:.1f}, grads {m.grads / GiB:.1f}, "
+            f"optimizer {m.optimizer / GiB:.1f}, activations {m.activations / GiB:.1f}{buffers}"
+            + ('' if fits else '  ← does not fit'))
+
+def _bytes_text(n: float) -> str: return f"{n / 2**40:.3g} TiB" if n > 2**40 else f"{n / 2**30:.3g} GiB"
+
+@patch
+def rows(self: Plan) -> list[tuple[str, str]]:
+    "The plan as (item, value) rows."
+    r = self.recipe
+    prof = profile(r.cluster.profile)
+    batch = (f"global {r.data.global_batch} × {r.model.seq_len} = {_human(self.tokens_per_step)} tokens/step, "
+             f"micro {r.data.micro_batch}")
+    checkpoint = (f"{_bytes_text(self.checkpoint_bytes)}, {self.checkpoint_seconds:.3g} s at "
+                  f"{r.cluster.storage_gbps:g} GB/s")
+    rows = [('recipe', f"{r.name} ({r.source})" if r.source else r.name), ('engine', f"{self.engine} ({r.engine})"),
             ('cluster', f"{r.cluster.nodes} × {prof.name} = {self.world} devices ({prof.backend})"),
-            (
-                'layout',
-                f"TP {p.tp} · PP {p.pp} · CP {p.cp} · DP {self.dp}"
-                + (' · SP' if p.sequence_parallel else '')
-                + (' · ZeRO-1' if p.zero1 else '')
-                + (' · FSDP' if p.fsdp else '')
-                + f" · recompute {p.activation_checkpointing}",
-            ),
-            ('parameters', _human(self.parameters)),
-            (
-                'batch',
-                f"global {r.data.global_batch} × {r.model.seq_len} = {_human(self.tokens_per_step)} tokens/step, "
-                f"micro {r.data.micro_batch}",
-            ),
-            (
-                'memory / device',
-                f"{m.total / GiB:.1f} GiB of {self.device_gib:g} GiB (weights {m.weights / GiB:.1f}, grads "
-                f"{m.grads / GiB:.1f}, optimizer {m.optimizer / GiB:.1f}, activations {m.activations / GiB:.1f}"
-                + (f", pipeline buffers {m.buffers / GiB:.1f})" if m.buffers else ')')
-                + ('' if self.fits else '  ← does not fit'),
-            ),
-            *self._step_rows(),
-            (
-                'checkpoint',
-                f"{self.checkpoint_bytes / 2**40:.3g} TiB, {self.checkpoint_seconds:.3g} s at "
-                f"{r.cluster.storage_gbps:g} GB/s"
-                if self.checkpoint_bytes > 2**40
-                else f"{self.checkpoint_bytes / 2**30:.3g} GiB, {self.checkpoint_seconds:.3g} s at "
-                     f"{r.cluster.storage_gbps:g} GB/s",
-            ),
-        ]
-        rows += [('problem', s) for s in self.problems] + [('advice', s) for s in self.advice]
-        return rows
+            ('layout', _layout_text(r.parallel, self.dp)), ('parameters', _human(self.parameters)), ('batch', batch),
+            ('memory / device', _memory_text(self.memory, self.device_gib, self.fits)), *self.step_rows(),
+            ('checkpoint', checkpoint)]
+    return rows + [('problem', s) for s in self.problems] + [('advice', s) for s in self.advice]
 
-    def _step_rows(self) -> list[tuple[str, str]]:
-        "The step time and, indented, its compute, exposed communication per link, and bubble."
-        a = published(self.recipe.name)
-        pub = f" (published: {a.published:g} s, {a.source.split(':')[0]})" if a else ''
-        rows = [('step time', f"≈ {self.step_seconds:.3g} s{pub}")]
-        return rows + [(f"  {k}", v) for k, v in self.step.rows()] if self.step else rows
+@patch
+def step_rows(self: Plan) -> list[tuple[str, str]]:
+    "The step time with this engine and, indented, what it is made of; then each published step time of the recipe."
+    rows = [('step time', f"≈ {self.step_seconds:.3g} s with {self.engine}")]
+    if self.step: rows += [(f"  {k}", v) for k, v in self.step.rows()]
+    for a, modelled in self.anchors:
+        role = 'the run its fit is made from' if a.role == 'fit' else 'held out of the fit'
+        rows.append(('published', f"{a.published:g} s with {a.framework} ({a.source.split(' (')[0]}); the model gives "
+                                  f"{modelled:.3g} s for {a.framework} ({modelled / a.published - 1:+.0%}, {role})"))
+    return rows
 
-    def to_dict(self) -> dict:
-        "The plan as plain data for scripts (`nxpretrain plan --json`): counts, bytes and seconds, unrounded."
-        r, p, m = self.recipe, self.recipe.parallel, self.memory
-        return dict(
-            recipe=r.name,
-            profile=r.cluster.profile,
-            nodes=r.cluster.nodes,
-            world=self.world,
-            layout=dict(tp=p.tp, pp=p.pp, cp=p.cp, dp=self.dp, sequence_parallel=p.sequence_parallel, zero1=p.zero1,
-                        fsdp=p.fsdp, activation_checkpointing=p.activation_checkpointing),
-            parameters=self.parameters,
-            tokens_per_step=self.tokens_per_step,
-            memory_bytes=dict(weights=m.weights, grads=m.grads, optimizer=m.optimizer, activations=m.activations,
-                              buffers=m.buffers, total=m.total),
-            device_gib=self.device_gib,
-            fits=self.fits,
-            step_seconds=self.step_seconds,
-            step=_step_dict(self.step),
-            checkpoint_bytes=self.checkpoint_bytes,
-            checkpoint_seconds=self.checkpoint_seconds,
-            problems=list(self.problems),
-            advice=list(self.advice),
-        )
+# %% ../nbs/api/02_plan.ipynb #bdecd339
+@patch
+def to_dict(self: Plan) -> dict:
+    "The plan as plain data for scripts: counts, bytes and seconds, unrounded."
+    r, p, m = self.recipe, self.recipe.parallel, self.memory
+    layout = dict(tp=p.tp, pp=p.pp, cp=p.cp, dp=self.dp, sequence_parallel=p.sequence_parallel, zero1=p.zero1,
+                  fsdp=p.fsdp, activation_checkpointing=p.activation_checkpointing)
+    memory = dict(weights=m.weights, grads=m.grads, optimizer=m.optimizer, activations=m.activations,
+                  buffers=m.buffers, total=m.total)
+    anchors = [dict(framework=a.framework, published_s=a.published, modelled_s=t, source=a.source)
+               for a, t in self.anchors]
+    return dict(recipe=r.name, engine=r.engine, framework=self.engine, profile=r.cluster.profile,
+                nodes=r.cluster.nodes, world=self.world, layout=layout, parameters=self.parameters,
+                tokens_per_step=self.tokens_per_step, memory_bytes=memory, device_gib=self.device_gib, fits=self.fits,
+                step_seconds=self.step_seconds, step=_step_dict(self.step), published=anchors,
+                checkpoint_bytes=self.checkpoint_bytes, checkpoint_seconds=self.checkpoint_seconds,
+                problems=list(self.problems), advice=list(self.advice))
 
-    def __str__(self):
-        w = max(len(k) for k, _ in self.rows())
-        return '\n'.join(f"{k:<{w}}  {v}" for k, v in self.rows())
-    __repr__ = __str__                                       # logs and papermill's text output show the table too
-    def _repr_markdown_(self): return '| | |\n|---|---|\n' + '\n'.join(f"| {k} | {v} |" for k, v in self.rows())
+@patch
+def __str__(self: Plan):
+    w = max(len(k) for k, _ in self.rows())
+    return '\n'.join(f"{k:<{w}}  {v}" for k, v in self.rows())
+
+Plan.__repr__ = Plan.__str__                            # logs and papermill's text output show the table too
+
+@patch
+def _repr_markdown_(self: Plan): return '| | |\n|---|---|\n' + '\n'.join(f"| {k} | {v} |" for k, v in self.rows())
 
 def _step_dict(st) -> dict | None:
     "The step time breakdown as plain data: seconds of compute, bubble, and per mesh dimension on the link and exposed."
     if st is None: return None
-    return dict(compute=st.compute, bubble=st.bubble, device=st.device.kind, achievable=st.achievable, flops=st.flops,
-                comm={l.dim: dict(link=l.link, gbs=l.gbs, payload_bytes=l.payload, seconds=l.seconds, exposed=l.exposed)
-                      for l in st.links})
+    comm = {l.dim: dict(link=l.link, gbs=l.gbs, payload_bytes=l.payload, seconds=l.seconds, exposed=l.exposed)
+            for l in st.links}
+    return dict(compute=st.compute, bubble=st.bubble, device=st.device.kind, achievable=st.achievable,
+                basis=st.calibration.basis, flops=st.flops, comm=comm)
 
 def _human(n: float) -> str:
     for unit, div in (('T', 1e12), ('B', 1e9), ('M', 1e6), ('K', 1e3)):
         if n >= div: return f"{n / div:.3g}{unit}"
     return f"{n:g}"
 
-# %% ../nbs/api/02_plan.ipynb #009a2a60
+# %% ../nbs/api/02_plan.ipynb #b0d31bcf
 def _advice(r: Recipe, mem: Memory, device_gib: float) -> list[str]:
     if mem.total / GiB <= device_gib: return []
     p, out = r.parallel, []
@@ -442,24 +415,33 @@ def _advice(r: Recipe, mem: Memory, device_gib: float) -> list[str]:
                "1/(TP·PP)")
     return out
 
-def plan(r: Recipe | str, world: int | None = None, achievable: float | None = None) -> Plan:
-    """Plan recipe `r` (a Recipe or catalog name) on its cluster, or on `world` devices; `achievable` overrides the
-    device's calibrated fraction of peak."""
-    r = get_recipe(r) if isinstance(r, str) else r
+def published_steps(r: Recipe, comm: dict, dp: int) -> list[tuple]:
+    "(anchor, modelled seconds) for each published step time of `r`, at the fit of the framework that published it."
     prof = profile(r.cluster.profile)
+    lp = layer_parameters(r.model)
+    return [(a, step_time(r, comm, lp, FITS[a.framework, a.device], prof, dp, a.overlapped).total)
+            for a in published(r.name)]
+
+def plan(r: Recipe | str, world: int | None = None, calibration=None) -> Plan:
+    """Plan recipe `r` (a Recipe or catalog name) on its cluster, or on `world` devices, as its engine runs it;
+    `calibration` (a `nxpretrain.steptime.Calibration`) replaces the engine's fraction of peak to ask "what if"."""
+    from nxpretrain.launch.engine import engine_of
+    r = get_recipe(r) if isinstance(r, str) else r
+    prof, engine = profile(r.cluster.profile), engine_of(r)
     world = world or world_size(r)
     dp = max(data_parallel_size(r, world), 1)
-    mem = memory_per_device(r, dp)
-    tokens = r.data.global_batch * r.model.seq_len
-    st = step_time(r, communication_bytes(r, dp), layer_parameters(r.model), dp=dp, achievable=achievable)
-    return Plan(r, world, dp, model_parameters(r.model, padded_vocab(r.model, r.parallel.tp)), mem, prof.device_gib,
-                st.total, tokens, checkpoint_bytes(r), checkpoint_write_seconds(r), problems(r, world),
-                _advice(r, mem, prof.device_gib), st)
+    mem, comm = memory_per_device(r, dp), communication_bytes(r, dp)
+    cal = calibration or engine.calibration(device_of(prof).kind)
+    st = step_time(r, comm, layer_parameters(r.model), cal, dp=dp, overlapped=engine.overlapped)
+    return Plan(r, engine.framework, world, dp, model_parameters(r.model, padded_vocab(r.model, r.parallel.tp)), mem,
+                prof.device_gib, st.total, r.data.global_batch * r.model.seq_len, checkpoint_bytes(r),
+                checkpoint_write_seconds(r), problems(r, world), _advice(r, mem, prof.device_gib), st,
+                published_steps(r, comm, dp))
 
 # %% ../nbs/api/02_plan.ipynb #9384dc74
 def layout_options(r: Recipe | str, world: int | None = None, top: int = 8) -> list[dict]:
     "Valid layouts of `r` on `world` devices that fit device memory, best first."
-    from nxpretrain.recipes import override
+    from nxpretrain.config import override
     r = get_recipe(r) if isinstance(r, str) else r
     world = world or world_size(r)
     out, seen = [], set()

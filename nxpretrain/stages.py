@@ -7,7 +7,10 @@ command do the same thing."""
 from __future__ import annotations
 import os, shlex, shutil, sys
 from pathlib import Path
-from .recipes import Recipe, get_recipe, override, validate, RecipeError, CATALOG
+from .config import Recipe, override
+from .recipes import get_recipe, CATALOG
+from .validate import validate
+from .errors import RecipeError
 from .clusters import profile
 from .plan import plan, Plan
 from .errors import LaunchError, TrainingError
@@ -64,13 +67,12 @@ def job_summary(job, job_id: str, model: str, log: str = '') -> str:
 
 # %% ../nbs/api/07_stages.ipynb #de3e6000
 def _show_job(job, show, verb: str):
-    "The job's script (and on trn1 the script srun runs on every node), each folded under its title."
+    "The job's script (and a framework's script that srun runs on every node), each folded under its title."
     show(Folded(f"The job {verb}: {job.script_path} ({len(str(job).splitlines())} lines)", str(job)))
-    if profile(job.profile).backend == 'xla':
-        show(
-            Folded(f"{job.argv[0]} (what srun runs on every node; config: {job.recipe_path})",
-                   Path(job.argv[0]).read_text())
-        )
+    if not job.distributed and Path(job.argv[0]).is_file():
+        node_script = Path(job.argv[0])
+        title = f"{node_script} (what srun runs on every node; config: {job.recipe_path})"
+        show(Folded(title, node_script.read_text()))
 
 # %% ../nbs/api/07_stages.ipynb #5eff045e
 def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
@@ -81,8 +83,8 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 show=print,                # how to show the plan (display in notebooks)
                 dry_run: bool = False,     # plan and write the job, train and submit nothing
                 test_only: bool = False):  # ask the scheduler when the job would start, submit nothing
-    """Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop (trn1: an NxD Training
-    job)."""
+    """Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop; the job is the one its
+    engine writes (nxpretrain's trainer, NxD Training, Megatron-LM)."""
     r = load_recipe(model, overrides, max_steps)
     action, reason = where_to_train(r, cluster)
     if action == 'submit' and not dry_run:            # our one line, before the scheduler's own words
@@ -93,23 +95,22 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         action, reason = 'stop', f"dry run, nothing {'submitted' if action == 'submit' else 'trained'} ({reason})"
     show(plan(r))
     print(f"\n{action}: {reason}")
-    if action == 'local':
+    if action == 'local' and r.engine == 'native':
         from nxpretrain.train.trainer import train
         return train(r, out_dir=out_dir)
-    from nxpretrain.launch.job import make_job
+    from nxpretrain.launch.engine import engine_of
     from nxpretrain.launch.launcher import get_launcher
-    from nxpretrain.launch.nxdt import export_trn1
-    where = Path(out_dir) / 'jobs' / r.name
-    # trn1: legacy XLA, run through NxD Training (compile first: 03_compile)
-    if profile(r.cluster.profile).backend == 'xla':
-        job = export_trn1(r, where, cluster or None)['train']
-    else:                                             # checks the recipe against the cluster, quotes every value
-        job = make_job(r, cluster or None, where, scheduler='local' if action == 'torchrun' else None)
-    if action == 'torchrun':                          # several processes on this machine: the local launcher's torchrun
+    where = (Path(out_dir) / 'jobs' / r.name).absolute()   # the job runs from its own folder
+    # the engine's job (a framework that compiles ahead of time: compile first, 03_compile); checks the recipe against
+    # the cluster and quotes every value
+    on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
+    options = {'scheduler': 'local'} if on_this_machine else {}
+    job = engine_of(r).export(r, where, cluster or None, **options)['train']
+    if on_this_machine:
         from nxpretrain.launch.local import run_local
         done = run_local(job)
         if done.exit_code:
-            raise TrainingError(f"training with torchrun failed (exit {done.exit_code}); log: {done.log}")
+            raise TrainingError(f"training on this machine failed (exit {done.exit_code}); log: {done.log}")
         return job
     job_id = None
     if action == 'submit' and not test_only:          # the summary first, the script after it (folded in a notebook)

@@ -7,14 +7,16 @@ each link leaves exposed, and the pipeline bubble – calibrated on published ru
 from __future__ import annotations
 import math
 from dataclasses import dataclass, field
-from .recipes import Recipe, get_recipe, data_parallel_size, padded_vocab
+from .config import Recipe, data_parallel_size
+from .recipes import get_recipe
+from .models.config import padded_vocab
 from .clusters import ClusterProfile, profile
-from .families import family
+from .models.registry import family
 
 # %% auto #0
-__all__ = ['DEVICES', 'PROFILE_DEVICE', 'ANCHOR_PROFILES', 'ANCHORS', 'Device', 'device_of', 'block_flops',
-           'micro_batches', 'rank_flops', 'sp_block_transfers', 'Link', 'links', 'StepTime', 'step_time', 'Anchor',
-           'published']
+__all__ = ['DEVICES', 'PROFILE_DEVICE', 'FITS', 'ANCHOR_PROFILES', 'ANCHORS', 'Device', 'device_of', 'Calibration',
+           'fitted', 'block_flops', 'micro_batches', 'rank_flops', 'sp_block_transfers', 'Link', 'links', 'StepTime',
+           'step_time', 'Anchor', 'published']
 
 # %% ../nbs/api/02b_steptime.ipynb #7aa52687
 @dataclass(frozen=True)
@@ -22,17 +24,10 @@ class Device:
     kind: str
     link: str                   # the device-to-device link inside a node
     link_gbs: float             # GB/s per device and direction over it
-    achievable: float           # fraction of the dense bf16 peak reached on real layers
-    basis: str = ''             # where `achievable` comes from
 
 DEVICES: dict[str, Device] = {d.kind: d for d in [
-    Device('trn1', 'NeuronLink', 192, 0.414, 'fit: seed 4 Llama-3 70B, NxD Training'),
-    Device('trn1-nemo', 'NeuronLink', 192, 0.213, 'fit: seed 0 GPT-3 23B, neuronx-nemo-megatron'),
-    Device('trn2', 'NeuronLink', 256, 0.414, "no published anchor: trn1's (NxD Training)"),
-    Device('a100', 'NVLink', 300, 0.620, 'fit: Megatron-LM 145.6B on 1536 A100'),
-    Device('h100', 'NVLink', 450, 0.539, 'fit: Megatron-Core GPT-3 177B on 2304 H100'),
-    Device('h200', 'NVLink', 450, 0.539, "no published anchor: H100's"),
-    Device('cpu', 'shared memory', 2, 0.5, 'assumed, not calibrated'),
+    Device('trn1', 'NeuronLink', 192), Device('trn2', 'NeuronLink', 256), Device('a100', 'NVLink', 300),
+    Device('h100', 'NVLink', 450), Device('h200', 'NVLink', 450), Device('cpu', 'shared memory', 2),
 ]}
 PROFILE_DEVICE = {'trn1.32xlarge': 'trn1', 'trn1n.32xlarge': 'trn1', 'trn2.48xlarge': 'trn2',
                   'trn2.48xlarge-lnc1': 'trn2', 'p4de.24xlarge': 'a100', 'p5.48xlarge': 'h100', 'nd_h100_v5': 'h100',
@@ -42,6 +37,24 @@ _BACKEND_DEVICE = {'xla': 'trn1', 'neuron': 'trn2', 'nccl': 'h100', 'gloo': 'cpu
 def device_of(prof: ClusterProfile) -> Device:
     "The device kind of profile `prof` (by name, else by backend)."
     return DEVICES[PROFILE_DEVICE.get(prof.name) or _BACKEND_DEVICE[prof.backend]]
+
+# %% ../nbs/api/02b_steptime.ipynb #cbcd270c
+@dataclass(frozen=True)
+class Calibration:
+    "The fraction of a device's dense bf16 peak a framework reaches on real layers, and where that number comes from."
+    achievable: float
+    basis: str                  # the run it is fitted to, or why it is assumed
+
+FITS: dict[tuple[str, str], Calibration] = {
+    ('NxD Training', 'trn1'): Calibration(0.414, 'fit: seed 4 Llama-3 70B on 16 trn1'),
+    ('neuronx-nemo-megatron', 'trn1'): Calibration(0.213, 'fit: seed 0 GPT-3 23B on 4 trn1'),
+    ('Megatron-LM', 'a100'): Calibration(0.620, 'fit: Megatron-LM 145.6B on 1536 A100'),
+    ('Megatron-LM', 'h100'): Calibration(0.539, 'fit: Megatron-Core GPT-3 177B on 2304 H100'),
+}
+
+def fitted(framework: str, device: str) -> Calibration | None:
+    "The fit of `framework` on `device`, where a published run gives one."
+    return FITS.get((framework, device))
 
 # %% ../nbs/api/02b_steptime.ipynb #631fb764
 def block_flops(r: Recipe, layer_params: int) -> dict:
@@ -144,8 +157,11 @@ class StepTime:
     links: list
     flops: float
     device: Device
-    achievable: float
+    calibration: Calibration
     micro_batches: int
+
+    @property
+    def achievable(self) -> float: return self.calibration.achievable
 
     @property
     def exposed(self) -> float: return sum(l.exposed for l in self.links)
@@ -156,7 +172,8 @@ class StepTime:
         "The breakdown as (item, value) rows: compute, each link's exposed time, bubble."
         pct = lambda s: f"{100 * s / self.total:4.1f} %"
         rows = [('compute', f"{self.compute:.3g} s  {pct(self.compute)}  ({self.flops / 1e12:.4g} TFLOP on the "
-                            f"busiest rank at {self.achievable:g} of peak, {self.device.kind})")]
+                            f"busiest rank at {self.achievable:g} of peak, {self.device.kind}; "
+                            f"{self.calibration.basis})")]
         for l in self.links:
             rows.append((f"{l.dim} comm ({l.link})", f"{l.exposed:.3g} s  {pct(l.exposed)}  exposed of "
                                                      f"{l.seconds:.3g} s ({l.payload / 2**30:.4g} GiB at {l.gbs:g} "
@@ -169,18 +186,17 @@ class StepTime:
         return '\n'.join(f"{k:<{w}}  {v}" for k, v in self.rows())
     __repr__ = __str__
 
-def step_time(r: Recipe, comm: dict, layer_params: int, prof: ClusterProfile | None = None, dp: int | None = None,
-              achievable: float | None = None, overlapped: tuple = ()) -> StepTime:
-    """Seconds per step of `r` on its cluster (or on `prof`), explained, from the planner's collective payloads `comm`
-    and parameters per block `layer_params`; `overlapped`: see `links`."""
+def step_time(r: Recipe, comm: dict, layer_params: int, calibration: Calibration, prof: ClusterProfile | None = None,
+              dp: int | None = None, overlapped: tuple = ()) -> StepTime:
+    """Seconds per step of `r` on its cluster (or on `prof`) at `calibration`'s fraction of peak, explained, from the
+    planner's collective payloads `comm` and parameters per block `layer_params`; `overlapped`: see `links`."""
     prof = prof or profile(r.cluster.profile)
     dp = dp or max(data_parallel_size(r, r.cluster.nodes * prof.devices_per_node), 1)
-    dev = device_of(prof)
-    eta = achievable or dev.achievable
     flops, mb = rank_flops(r, dp, layer_params), micro_batches(r, dp)
-    compute = flops / (prof.device_tflops * 1e12 * eta)
+    compute = flops / (prof.device_tflops * 1e12 * calibration.achievable)
     bubble = (r.parallel.pp - 1) / r.parallel.virtual_pp * compute / mb
-    return StepTime(compute, bubble, links(r, prof, dp, compute / mb, comm, overlapped), flops, dev, eta, mb)
+    links_ = links(r, prof, dp, compute / mb, comm, overlapped)
+    return StepTime(compute, bubble, links_, flops, device_of(prof), calibration, mb)
 
 # %% ../nbs/api/02b_steptime.ipynb #b57fb671
 ANCHOR_PROFILES = {
@@ -197,7 +213,8 @@ class Anchor:
     recipe: str
     overrides: tuple
     profile: str
-    kind: str
+    device: str                 # a kind of `DEVICES`
+    framework: str              # what ran it: its fit is `FITS[framework, device]`
     published: float            # seconds per step
     role: str                   # 'fit' or 'held-out'
     source: str
@@ -226,19 +243,19 @@ _README = 'Megatron-LM README, images/model_table.png (commit 937571cfd4)'
 def _a100(name, L, h, heads, tp, pp, gpus, batch, tflops, role, where='Table 1'):
     return Anchor(name, 'gpt3_175b_gpu',
                   _gpt(L, h, heads, tp, pp, gpus, batch, 2048, 51200, 'full', False) + ('parallel.zero1=false',),
-                  'dgx_a100', 'a100', _megatron_a100(L, h, heads, pp, gpus, batch, tflops), role,
+                  'dgx_a100', 'a100', 'Megatron-LM', _megatron_a100(L, h, heads, pp, gpus, batch, tflops), role,
                   f"{_PAPER} {where}: {gpus} A100, TP {tp} × PP {pp}, batch {batch}, {tflops} TFLOP/s per GPU")
 
 def _h100(name, L, h, heads, tp, pp, gpus, batch, tflops, role):
     return Anchor(name, 'gpt3_175b_gpu', _gpt(L, h, heads, tp, pp, gpus, batch, 4096, 131072, 'none', True), 'dgx_h100',
-                  'h100', _megatron_h100(L, h, heads, pp, gpus, batch, tflops), role,
+                  'h100', 'Megatron-LM', _megatron_h100(L, h, heads, pp, gpus, batch, tflops), role,
                   f"{_README}: {gpus} H100, TP {tp} × PP {pp} × DP 48, batch {batch}, {tflops} TFLOP/s per GPU",
                   ('tp', 'dp'))
 
 ANCHORS: list[Anchor] = [
-    Anchor('GPT-3 23B, 4 trn1', 'gpt3_23b', (), 'trn1.32xlarge', 'trn1-nemo', 18.8, 'fit',
+    Anchor('GPT-3 23B, 4 trn1', 'gpt3_23b', (), 'trn1.32xlarge', 'trn1', 'neuronx-nemo-megatron', 18.8, 'fit',
            'seed 0 (neuronx-nemo-megatron): "18.79s/it", 128 samples a step'),
-    Anchor('Llama-3 70B, 16 trn1', 'llama3_70b', (), 'trn1.32xlarge', 'trn1', 321.0, 'fit',
+    Anchor('Llama-3 70B, 16 trn1', 'llama3_70b', (), 'trn1.32xlarge', 'trn1', 'NxD Training', 321.0, 'fit',
            'seed 4 (NxD Training): "321.89s/it" … "320.22s/it", 1024 samples a step'),
     _a100('GPT 145.6B, 1536 A100', 80, 12288, 96, 8, 8, 1536, 2304, 148, 'fit'),
     _a100('GPT-3 175B, 1024 A100', 96, 12288, 96, 8, 8, 1024, 1536, 140, 'held-out',
@@ -264,6 +281,6 @@ ANCHORS: list[Anchor] = [
 ]
 
 # %% ../nbs/api/02b_steptime.ipynb #95ecb883
-def published(name: str) -> Anchor | None:
-    "The anchor that publishes a step time for catalog recipe `name` as it stands, if any."
-    return next((a for a in ANCHORS if a.recipe == name and not a.overrides), None)
+def published(name: str) -> list[Anchor]:
+    "The anchors that publish a step time for catalog recipe `name` as it stands (each by its own framework)."
+    return [a for a in ANCHORS if a.recipe == name and not a.overrides]

@@ -11,29 +11,32 @@ import torch, torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
-from .recipes import (Recipe, RecipeError, world_size, data_parallel_size, override, problems, get_recipe,
-                                attention_kernel)
+from .config import Recipe, world_size, data_parallel_size, override
+from .errors import RecipeError
+from .validate import problems
+from .recipes import get_recipe
+from .parallel.kernels import attention_kernel
 from .clusters import profile
 
 # %% auto #0
-__all__ = ['EXPORTED_PROFILES', 'MESH_GROUPS', 'CATEGORIES', 'untraceable', 'trace_note', 'fake_rank', 'group_dims',
-           'StepTracker', 'static_pipeline', 'p2p_buffer_bytes', 'micro_batches', 'traced_micro_batches',
-           'with_micro_batches', 'use_device_kernels', 'RankTrace', 'trace_rank', 'Trace', 'planned', 'default_ranks',
-           'in_process', 'trace_in_process', 'trace', 'render', 'module_scope', 'forward_keeps', 'tensor_kind',
-           'layer_keeps', 'megatron_layer_bytes', 'LayerAccount', 'layer_account', 'traced_per_layer', 'render_layers']
+__all__ = ['MESH_GROUPS', 'CATEGORIES', 'untraceable', 'trace_note', 'fake_rank', 'group_dims', 'StepTracker',
+           'static_pipeline', 'p2p_buffer_bytes', 'micro_batches', 'traced_micro_batches', 'with_micro_batches',
+           'use_device_kernels', 'RankTrace', 'trace_rank', 'Trace', 'planned', 'default_ranks', 'in_process',
+           'trace_in_process', 'trace', 'render', 'module_scope', 'forward_keeps', 'tensor_kind', 'layer_keeps',
+           'megatron_layer_bytes', 'LayerAccount', 'layer_account', 'traced_per_layer', 'render_layers']
 
 # %% ../nbs/api/36_trace.ipynb #901a388d
-EXPORTED_PROFILES = {'trn1.32xlarge': "trn1 runs go through NxD Training (`nxpretrain compile` exports them): this "
-                                      "traces nxpretrain's engine on the same layout, not that run"}
-
 def untraceable(r: Recipe) -> str | None:
     "Why `r` cannot be traced (one line naming the field and the fix), or None when it can."
-    if errs := problems(r): return f"{r.name} cannot be traced: {errs[0]}"
+    if errs := problems(r, engine=False): return f"{r.name} cannot be traced: {errs[0]}"
     return None
 
 def trace_note(r: Recipe) -> str | None:
-    "What a trace of `r` does not show, or None."
-    return EXPORTED_PROFILES.get(profile(r.cluster.profile).name)
+    "What a trace of `r` does not show, or None: a job of another engine is traced as nxpretrain's engine would run it."
+    if r.engine == 'native': return None
+    from nxpretrain.launch.engine import engine_of
+    return (f"{r.name}'s job runs on {engine_of(r).framework} (engine={r.engine}): this traces nxpretrain's engine on "
+            "the same layout (engine=native), not that run")
 
 # %% ../nbs/api/36_trace.ipynb #54422275
 MESH_GROUPS = ('dp_cp', 'pp', 'dp', 'cp', 'tp')   # later names win where two dims share one group
@@ -245,7 +248,7 @@ def _step(pm, r: Recipe, tracker: StepTracker, scale: float) -> tuple:
 
 def _extra_inputs(r: Recipe, tokens) -> dict:
     "BERT's further inputs (NSP labels, token types, attention mask) for a batch like `tokens`."
-    from nxpretrain.families import family
+    from nxpretrain.models.registry import family
     if family(r.model.arch).objective != 'mlm_nsp': return {}
     return dict(nsp_labels=torch.zeros(tokens.shape[0], dtype=torch.long), token_types=torch.zeros_like(tokens),
                 attention_mask=torch.ones_like(tokens))
@@ -328,8 +331,9 @@ class Trace:
 # %% ../nbs/api/36_trace.ipynb #e62a4d82
 def planned(r: Recipe) -> dict:
     "The planner's per-device bytes by category, and its collective payload bytes per step by mesh dimension."
-    from nxpretrain.plan import memory_per_device, communication_bytes
-    m = memory_per_device(r)
+    from nxpretrain.plan import engine_memory, communication_bytes
+    from nxpretrain.config import data_parallel_size
+    m = engine_memory(r, max(data_parallel_size(r), 1))   # the trace runs nxpretrain's engine, whatever runs the job
     out = dict(parameters=m.weights, gradients=m.grads, optimizer=m.optimizer, activations=m.activations,
                comm_buffers=m.buffers, total=m.total)
     return out | communication_bytes(r)
@@ -351,7 +355,11 @@ def in_process(what: str, fn: str, *args):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, 'call.pkl')
         with open(path, 'wb') as f: pickle.dump((fn, args), f)
-        res = subprocess.run([sys.executable, '-c', _CHILD, path], capture_output=True, text=True)
+        # the child imports this package, wherever the current directory is (a worktree, nbs/api under nbdev-test)
+        import nxpretrain
+        root = os.path.dirname(os.path.dirname(os.path.abspath(nxpretrain.__file__)))
+        env = {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, [root, os.environ.get('PYTHONPATH')]))}
+        res = subprocess.run([sys.executable, '-c', _CHILD, path], capture_output=True, text=True, env=env)
         if res.returncode:
             last = (res.stderr.strip().splitlines() or ['(no output)'])[-1]
             raise (RecipeError if 'RecipeError' in last else RuntimeError)(f"{what} failed: {last}")
@@ -365,14 +373,14 @@ def trace_in_process(r: Recipe, rank: int, limit: int | None = None) -> RankTrac
 def trace(r: Recipe | str, ranks: list[int] | None = None, limit: int | None = None, progress: bool = True) -> Trace:
     """Trace one step of `ranks` (default: `default_ranks`) of recipe `r` at full size; the planner's figures beside
     them."""
-    from tqdm.auto import tqdm
+    from nxpretrain.progress import progress_bar
     r = get_recipe(r) if isinstance(r, str) else r
     if why := untraceable(r): raise RecipeError(why)
     ranks = default_ranks(r) if ranks is None else list(ranks)
     if bad := [k for k in ranks if not 0 <= k < world_size(r)]:
         raise RecipeError(f"--ranks {','.join(map(str, bad))}: {r.name} has ranks 0…{world_size(r) - 1}")
     out = []
-    for rank in tqdm(ranks, desc=f"tracing {r.name}", unit='rank', disable=not progress):
+    for rank in progress_bar(ranks, desc=f"tracing {r.name}", unit='rank', progress=progress):
         out.append(trace_in_process(r, rank, limit))
     return Trace(r, out, planned(r), trace_note(r))
 
@@ -402,10 +410,7 @@ def render(t: Trace) -> str:
     ]
     lines += ['', 'per rank, GiB (comm: collective payload per step)', *_aligned([head, *rows])]
     cmp = [[item, _gib(a), _gib(b), f"{d:+.1%}" if math.isfinite(d) else 'n/a'] for item, a, b, d in t.comparison()]
-    from nxpretrain.plan import runs_engine
-    title = 'planner vs trace (busiest traced rank), GiB'
-    if not runs_engine(r):   # the plan of a trn1 recipe is NxD Training's account of its own run
-        title = "NxD Training's run as planned vs nxpretrain's engine traced on its layout (not expected to agree), GiB"
+    title = "nxpretrain's engine: planned vs traced (busiest traced rank), GiB"
     lines += ['', title, *_aligned([['item', 'planned', 'traced', 'diff'], *cmp])]
     return '\n'.join(lines)
 
@@ -500,7 +505,7 @@ def layer_keeps(rows: list[tuple]) -> dict:
 # %% ../nbs/api/36_trace.ipynb #c78b6697
 def megatron_layer_bytes(r: Recipe) -> dict:
     "{term: bytes} of Megatron's activation account of one layer per micro-batch for `r`'s model, layout and recompute."
-    from nxpretrain.families import family
+    from nxpretrain.models.registry import family
     m, p = r.model, r.parallel
     t = p.tp
     sp = p.sequence_parallel and t > 1

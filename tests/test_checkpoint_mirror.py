@@ -3,7 +3,8 @@ byte for byte with its COMPLETE marker, an incomplete one never does, a copy cut
 and a wrong bucket stops the run before its first step."""
 import pytest
 from nxpretrain.data import s3
-from nxpretrain.recipes import get_recipe, RecipeError
+from nxpretrain.recipes import get_recipe
+from nxpretrain.errors import RecipeError
 from nxpretrain.train.checkpoint import MARKER, CheckpointError, verify_checkpoint
 from nxpretrain.train.mirror import S3Mirror, fetch_checkpoint
 from nxpretrain.train.trainer import train

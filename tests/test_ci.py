@@ -124,3 +124,42 @@ def test_ci_run_exits_non_zero_when_the_gate_fails(tmp_path):
     (tmp_path / 'tools' / 'test.sh').write_text('echo gate failing; exit 3\n')
     r = sh(['bash', '.ci/run'], tmp_path, check=False)
     assert r.returncode == 3 and 'gate failing' in r.stdout
+
+
+def readme_venv(readme: str) -> str:
+    "The README's command that makes and enters a virtual environment (Debian's Python refuses pip outside one)."
+    return re.search(r'`(python3 -m venv \.venv && \. \.venv/bin/activate)`', readme).group(1)
+
+
+def demo_ending(readme: str) -> re.Pattern:
+    "The lines the README says `nxpretrain demo` ends with, as a pattern: any run name in place of the README's."
+    text = re.search(r'^## Set up\n.*?```text\n(.*?)\n```', readme, re.S | re.M).group(1)
+    name = re.search(r'gpt3_tiny-\d{8}-\d{6}', text).group(0)
+    return re.compile(r'\s*\n'.join(re.escape(line).replace(re.escape(name), r'gpt3_tiny-\d{8}-\d{6}')
+                                    for line in text.rstrip().splitlines()))
+
+
+def test_readme_setup_typed_into_its_own_venv_passes_the_gate(clean_repo):
+    """A new user on Debian's Python, word for word: the README's venv at `.venv` in a fresh clone, command 1 (install
+    and demo), then command 2 with the gate steps that read the tree (clean, sync, lint, readme) – the ones a venv
+    inside the clone once broke. pip takes torch 2.13.0 from this machine's disk, not a CUDA build."""
+    readme = (clean_repo / 'README.md').read_text()
+    install_and_demo, test = setup_commands(readme)
+    script = '\n'.join([
+        'set -e', readme_venv(readme), install_and_demo, 'echo "== command 2"', f'{test} clean sync lint readme',
+        'echo "== where"', 'python3 -c "import sys, torch, nxpretrain; print(sys.prefix, torch.__version__, '
+        'nxpretrain.__file__)"', 'python3 -m pip list 2>/dev/null | grep -ci nvidia || true'])
+    env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'VIRTUAL_ENV', 'PYTHONHOME')}
+    try: r = subprocess.run(['bash', '-c', script], cwd=clean_repo, env=env, capture_output=True, text=True,
+                            timeout=2400)
+    finally:
+        shutil.rmtree(clean_repo / '.venv', ignore_errors=True)   # 2.3 GB, not for pytest's kept temporary folders
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    demo, rest = r.stdout.split('== command 2\n')
+    assert demo_ending(readme).search(demo), demo[-3000:]
+    gate, where = rest.split('== where\n')
+    assert 'gate: 4 passed, 0 failed' in gate, gate[-3000:]
+    prefix, torch_version, package = where.split('\n')[0].split()
+    assert (prefix, torch_version) == (str(clean_repo / '.venv'), '2.13.0+cpu'), where
+    assert package == str(clean_repo / 'nxpretrain' / '__init__.py') and where.split('\n')[1] == '0', where

@@ -5,7 +5,8 @@ compile stage's dry run fills the cache that the training run then reads."""
 import json, os, subprocess, sys
 from pathlib import Path
 import pytest
-from nxpretrain.recipes import get_recipe, override
+from nxpretrain.recipes import get_recipe
+from nxpretrain.config import override
 from train_helpers import dist_train, close
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +20,7 @@ R = get_recipe('gpt3_tiny', 'data.corpus=synthetic', 'model.n_layers=2', 'model.
 # the cache on disk shows only there.
 RUN = """
 import json, sys, torch
-from nxpretrain.recipes import from_yaml
+from nxpretrain.config import from_yaml
 from nxpretrain.train.trainer import train
 from nxpretrain.parallel.compile import compile_counts
 torch.set_num_threads(1)
@@ -29,7 +30,7 @@ print(json.dumps(dict(losses=res.losses, counts=compile_counts())))
 
 
 def run(recipe, out: Path, steps=STEPS, env=None) -> dict:
-    from nxpretrain.recipes import to_yaml
+    from nxpretrain.config import to_yaml
     out.mkdir(parents=True, exist_ok=True)
     to_yaml(recipe, out / 'recipe.yaml')
     env = {**os.environ, 'PYTHONPATH': str(ROOT), **(env or {})}

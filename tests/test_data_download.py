@@ -11,7 +11,7 @@ from nxpretrain.data.download import fetch_file, serve_directory
 from nxpretrain.data.indexed import IndexedDataset
 from nxpretrain.data.prepare import CORPORA, CorpusRecipe, prepare, read_manifest, ensure_dataset, encode_documents
 from nxpretrain.data.tokenizers import get_tokenizer
-from nxpretrain.recipes import DataConfig
+from nxpretrain.config import DataConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

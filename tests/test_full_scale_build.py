@@ -2,7 +2,9 @@
 process: every rank holds its shards only, of the shapes the layout implies."""
 import math, pytest, torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from nxpretrain.recipes import get_recipe, world_size, padded_vocab
+from nxpretrain.recipes import get_recipe
+from nxpretrain.config import world_size
+from nxpretrain.models.config import padded_vocab
 from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
 from nxpretrain.parallel.engine import build_parallel_model
 

@@ -3,7 +3,8 @@ one tensor at a time and continual pretraining starts from it under TP2 and PP2 
 process; a folder with a wrong shape fails before anything is written."""
 import pytest
 import torch
-from nxpretrain.recipes import get_recipe, override
+from nxpretrain.recipes import get_recipe
+from nxpretrain.config import override
 from nxpretrain.train.trainer import train
 from train_helpers import dist_train, close
 from nxpretrain.train.hf import import_hf
@@ -38,7 +39,7 @@ def test_continual_pretraining_from_hf_under_tp2_and_pp2(tmp_path, hf_folder):
 
 
 def test_wrong_shape_fails_before_writing(tmp_path, hf_folder):
-    from nxpretrain.recipes import RecipeError
+    from nxpretrain.errors import RecipeError
     with pytest.raises(RecipeError, match='has shape'):
         import_hf(hf_folder, tmp_path / 'bad', recipe=override(R, 'model.ffn_hidden=128'))
     assert not (tmp_path / 'bad').exists() or not any((tmp_path / 'bad').iterdir())

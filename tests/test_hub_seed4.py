@@ -10,7 +10,8 @@ import torch
 from nxpretrain.data.corpus import DataError, demo_documents
 from nxpretrain.data.hub import download_tokenizer, download_weights, download_dataset
 from nxpretrain.data.hub_server import HubServer
-from nxpretrain.recipes import get_recipe, override
+from nxpretrain.recipes import get_recipe
+from nxpretrain.config import override
 from train_helpers import dist_train
 
 pytest.importorskip('huggingface_hub')
@@ -69,8 +70,8 @@ def test_seed4_flow_from_the_local_hub(tmp_path, hub, token, monkeypatch, capfd)
     from nxpretrain.data.prepare import prepare
     from nxpretrain.train.hf import import_hf, export_hf, checkpoint_recipe
     from nxpretrain.train.checkpoint import load_weights
-    from nxpretrain.models import build_model
-    from nxpretrain.recipes import padded_vocab
+    from nxpretrain.models.registry import build_model
+    from nxpretrain.models.config import padded_vocab
     monkeypatch.setenv('HF_ENDPOINT', hub.url)                        # read at call time: no endpoint argument below
     monkeypatch.setenv('HF_TOKEN', token)
     seen = len(hub.requests)

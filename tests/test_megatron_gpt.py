@@ -14,9 +14,10 @@ def megatron_against_ours(layers: int, hidden: int, heads: int, vocab: int, seq:
     sys.path.insert(0, BENCH)
     import torch.nn.functional as F
     import mcore_gpt
-    from nxpretrain.recipes import get_recipe, padded_vocab
-    from nxpretrain.models import build_model
-    from nxpretrain.models.hf import randomize_, max_rel_diff
+    from nxpretrain.recipes import get_recipe
+    from nxpretrain.models.config import padded_vocab
+    from nxpretrain.models.registry import build_model
+    from nxpretrain.models.hf_mapping import randomize_, max_rel_diff
     r = get_recipe('gpt3_tiny', f'model.n_layers={layers}', f'model.hidden={hidden}', f'model.n_heads={heads}',
                    f'model.vocab_size={vocab}', f'model.seq_len={seq}', 'model.dropout=0.0')
     cfg = r.model

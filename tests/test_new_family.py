@@ -3,7 +3,8 @@ under TP2 and PP2 on real gloo processes (equal to its one-process model) and ch
 import torch, torch.nn as nn
 from nxpretrain.families import ModelFamily, register_family
 from nxpretrain.models.blocks import Attention, SwiGLU, RMSNorm, TransformerBlock, LanguageModel
-from nxpretrain.recipes import padded_vocab, get_recipe
+from nxpretrain.models.config import padded_vocab
+from nxpretrain.recipes import get_recipe
 
 
 class SwiGPT(LanguageModel):
@@ -34,7 +35,7 @@ class SwiGPT(LanguageModel):
 
 
 SWIGPT = register_family(ModelFamily(
-    name='swigpt', module=f'{__name__}:SwiGPT', objective='causal_lm', layouts=('tp', 'sp', 'pp', 'fsdp', 'zero1'),
+    name='swigpt', model=SwiGPT, objective='causal_lm', layouts=('tp', 'sp', 'pp', 'fsdp', 'zero1'),
     tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
              'mlp.w1': 'colwise', 'mlp.w3': 'colwise', 'mlp.w2': 'rowwise'},
     tiny=('gpt3_tiny', ('model.arch=swigpt',))))
@@ -60,9 +61,9 @@ def equal_layout(*overrides):
 
 def test_it_plans_with_its_own_parameter_count_and_refusals():
     from nxpretrain import plan
-    from nxpretrain.models import build_model
+    from nxpretrain.models.registry import build_model
     from nxpretrain.models.blocks import count_parameters
-    from nxpretrain.recipes import problems
+    from nxpretrain.validate import problems
     r = get_recipe('gpt3_tiny', 'model.arch=swigpt')
     assert count_parameters(build_model(r.model)) == plan.model_parameters(r.model, padded_vocab(r.model))
     assert plan.plan(r).parameters == plan.model_parameters(r.model, padded_vocab(r.model, r.parallel.tp))

@@ -40,8 +40,8 @@ def gathered_weights(arch: str, overrides: tuple, seed: int = 3) -> dict:
 @pytest.mark.parametrize('name,world,arch,overrides', LAYOUTS, ids=[l[0] for l in LAYOUTS])
 def test_initial_weights_equal_the_single_process_model(name, world, arch, overrides):
     from nxpretrain.parallel.check import tiny_recipe
-    from nxpretrain.models import build_model
-    from nxpretrain.recipes import padded_vocab
+    from nxpretrain.models.registry import build_model
+    from nxpretrain.models.config import padded_vocab
     r = tiny_recipe(arch, *overrides)
     # a tied head under its own name too
     ref = dict(
@@ -62,7 +62,7 @@ def test_initial_weights_equal_the_single_process_model(name, world, arch, overr
 def test_a_different_seed_gives_different_weights():
     "The check can fail: another seed changes every random tensor."
     from nxpretrain.parallel.check import tiny_recipe
-    from nxpretrain.models import build_model
+    from nxpretrain.models.registry import build_model
     r = tiny_recipe('gpt')
     a, b = build_model(r.model, seed=3), build_model(r.model, seed=4)
     assert not torch.equal(a.layers['0'].mlp.w1.weight, b.layers['0'].mlp.w1.weight)

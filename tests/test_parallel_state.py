@@ -32,7 +32,8 @@ def test_cp_between_dp_and_tp():
     assert [(r['dp'], r['cp']) for r in res] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 def test_bad_layout_refused_before_any_process_group():
-    from nxpretrain.recipes import get_recipe, RecipeError
+    from nxpretrain.recipes import get_recipe
+    from nxpretrain.errors import RecipeError
     with pytest.raises(RecipeError, match='world size 6 is not divisible by tp×pp×cp=4'):
         ps.init_distributed(get_recipe('gpt3_tiny', 'parallel.tp=4'), env={'RANK': '0', 'WORLD_SIZE': '6'})
     assert not dist.is_initialized()

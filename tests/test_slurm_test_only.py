@@ -11,7 +11,7 @@ from nxpretrain.launch.job import make_job
 from nxpretrain.launch.slurm import SlurmLauncher
 
 check = SlurmLauncher().check   # sbatch --test-only: when would it start, nothing submitted
-from nxpretrain.launch.nxdt import export_nxdt, export_trn1
+from nxpretrain.launch.engine import engine_of
 
 REASON = why_no_slurm()
 pytestmark = [pytest.mark.skipif(bool(REASON), reason=f"no local Slurm: {REASON}"), pytest.mark.timeout(300)]
@@ -31,8 +31,8 @@ def test_catalog_jobs_fit_their_profile(prof, tmp_path):
             r = CATALOG[name]
             cpus = r.cluster.nodes * profile(prof).cpus_per_node
             assert f"using {cpus} processors" in answer, (name, answer)
-            if profile(prof).backend == 'xla':  # the NxD Training (or, for BERT, XLA) compile and train jobs too
-                for kind, j in export_trn1(name, tmp_path / f"nxdt-{name}").items():
+            if r.engine != 'native' or profile(prof).backend == 'xla':   # the engine's own compile and train jobs
+                for kind, j in engine_of(r).export(r, tmp_path / f"{r.engine}-{name}").items():
                     assert 'to start at' in check(j), (name, kind)
         # one node more than the cluster has: refused now, not after the queue wait
         big = make_job(names[0], None, tmp_path / 'too-big')

@@ -1,4 +1,4 @@
-"""The step-time model against its published anchors: every anchor within ±25 %, the fractions in `DEVICES` equal to
+"""The step-time model against its published anchors: every anchor within ±25 %, the fractions in `FITS` equal to
 their fits, the seeds' recipes equal to the seeds' layouts, and `nxpretrain plan` printing the breakdown."""
 import json
 import subprocess
@@ -7,9 +7,10 @@ import sys
 import pytest
 
 from nxpretrain.plan import plan
-from nxpretrain.recipes import data_parallel_size, get_recipe
+from nxpretrain.config import data_parallel_size
+from nxpretrain.recipes import get_recipe
 from nxpretrain.calibration import anchor_step, calibration, fit_achievable
-from nxpretrain.steptime import ANCHORS, DEVICES
+from nxpretrain.steptime import ANCHORS, FITS
 
 
 @pytest.mark.parametrize('row', calibration(), ids=lambda r: r['anchor'])
@@ -18,14 +19,16 @@ def test_anchor_within_25_percent(row):
 
 
 def test_fractions_are_the_fits():
-    for kind in {a.kind for a in ANCHORS}:
-        assert fit_achievable(kind) == pytest.approx(DEVICES[kind].achievable, abs=0.005), kind
+    for framework, device in {(a.framework, a.device) for a in ANCHORS}:
+        fit = fit_achievable(framework, device)
+        assert fit == pytest.approx(FITS[framework, device].achievable, abs=0.005), (framework, device)
 
 
-def test_every_kind_fitted_on_part_and_gpus_held_out_on_the_rest():
-    roles = {a.kind: {b.role for b in ANCHORS if b.kind == a.kind} for a in ANCHORS}
+def test_every_framework_fitted_on_part_and_gpus_held_out_on_the_rest():
+    key = lambda a: (a.framework, a.device)
+    roles = {key(a): {b.role for b in ANCHORS if key(b) == key(a)} for a in ANCHORS}
     assert all('fit' in r for r in roles.values())
-    assert roles['a100'] == roles['h100'] == {'fit', 'held-out'}
+    assert roles['Megatron-LM', 'a100'] == roles['Megatron-LM', 'h100'] == {'fit', 'held-out'}
     assert sum(a.role == 'held-out' for a in ANCHORS) >= 5
 
 
@@ -53,7 +56,7 @@ def test_breakdown_adds_up_and_the_bubble_follows_the_schedule():
 def test_anchor_error_moves_with_the_formula():
     a = next(a for a in ANCHORS if a.role == 'held-out')
     base = anchor_step(a).total
-    assert anchor_step(a, DEVICES[a.kind].achievable / 2).total > 1.5 * base
+    assert anchor_step(a, FITS[a.framework, a.device].achievable / 2).total > 1.5 * base
 
 
 def _cli(*argv) -> str:
@@ -63,8 +66,10 @@ def _cli(*argv) -> str:
 
 def test_cli_prints_the_breakdown():
     out = _cli('plan', 'llama3_70b')
-    for item in ('step time', 'compute', 'tp comm (NeuronLink)', 'dp comm (EFA)', 'bubble', 'published: 321 s'):
+    for item in ('step time', 'compute', 'tp comm (NeuronLink)', 'dp comm (EFA)', 'bubble'):
         assert item in out, out
+    rows = {line.split('  ')[0]: line.split('  ', 1)[1].strip() for line in out.splitlines() if '  ' in line}
+    assert rows['engine'] == 'NxD Training (nxdt)' and rows['published'].startswith('321 s with NxD Training'), out
     d = json.loads(_cli('plan', 'gpt3_175b_gpu', '--json'))
     assert d['step']['comm']['tp']['link'] == 'NVLink' and d['step']['comm']['pp']['link'] == 'InfiniBand'
     assert d['step_seconds'] == pytest.approx(d['step']['compute'] + d['step']['bubble'] +

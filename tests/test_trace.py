@@ -4,15 +4,17 @@ bytes per step within ±10 % of `nxpretrain.plan`. The fast set traces two GPU r
 second and last pipeline stage: receive buffers peak on the second, point-to-point bytes on every middle one);
 NXP_SLOW=1 traces every recipe whose runs go through the engine (GPU, trn2 and CPU recipes)."""
 import os, pytest
-from nxpretrain.recipes import CATALOG, get_recipe, world_size
-from nxpretrain.plan import runs_engine
+from nxpretrain.recipes import CATALOG, get_recipe
+from nxpretrain.config import world_size
+from nxpretrain.launch.engine import get_engine
 from nxpretrain.trace import trace, default_ranks
 
 MiB = 2**20
 FAST = {'gpt3_125m': None, 'gpt3_175b_gpu': None}          # None: the default ranks (first, second stage, last)
 KNOWN_GAPS = {}   # recipe → why the planner and the trace disagree (an expected failure while it lasts)
 SLOW = [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_GAPS[n], strict=True)) if n in KNOWN_GAPS else n
-        for n in sorted(n for n, r in CATALOG.items() if runs_engine(r) and n not in FAST)]
+        for n in sorted(n for n, r in CATALOG.items() if not get_engine('native').problems(r, world_size(r))
+                        and n not in FAST)]
 
 
 def disagreements(t) -> list:
@@ -58,4 +60,4 @@ def test_03_compile_traces_with_its_parameter(tmp_path):
     text = '\n'.join(''.join(o.get('data', {}).get('text/plain', '')) + ''.join(o.get('text', ''))
                      for c in json.loads(out.read_text())['cells'] for o in c.get('outputs', []))
     assert 'every rank reached step 2' in text, text[-3000:]
-    assert 'one training step traced at full size' in text and 'planner vs trace' in text, text[-3000:]
+    assert 'one training step traced at full size' in text and 'planned vs traced' in text, text[-3000:]

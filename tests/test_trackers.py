@@ -9,10 +9,11 @@ import pytest
 pytest.importorskip('mlflow', reason="pip install 'nxpretrain[tracking]'")
 pytest.importorskip('wandb', reason="pip install 'nxpretrain[tracking]'")
 from mlflow.tracking import MlflowClient
-from nxpretrain.recipes import get_recipe, problems
+from nxpretrain.recipes import get_recipe
+from nxpretrain.validate import problems
 from nxpretrain.train.trainer import train
 from nxpretrain.train.trackers import wandb_history
-import nxpretrain.recipes as recipes
+import nxpretrain.validate as validation
 
 pytestmark = pytest.mark.timeout(300)
 TINY = ['data.corpus=synthetic', 'model.n_layers=1', 'model.hidden=32', 'model.n_heads=2', 'model.seq_len=16',
@@ -65,6 +66,6 @@ def test_logger_problems_are_one_line_before_any_work(monkeypatch):
     r = get_recipe('gpt3_tiny', 'trainer.loggers=tensorboard,neptune')
     assert problems(r) == ["trainer.loggers='tensorboard,neptune': neptune unknown; choose from tensorboard, mlflow, "
                            "wandb"]
-    monkeypatch.setitem(recipes.TRACKERS, 'wandb', 'wandb_is_not_installed_here')
+    monkeypatch.setitem(validation.TRACKERS, 'wandb', 'wandb_is_not_installed_here')
     msg = problems(get_recipe('gpt3_tiny', 'trainer.loggers=wandb'))
     assert msg == ["trainer.loggers='wandb': wandb needs its client library: pip install 'nxpretrain[tracking]'"], msg

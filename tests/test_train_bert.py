@@ -3,7 +3,8 @@ single-process run, a stopped run resumes bit for bit, and the checkpoint export
 `transformers.BertForPreTraining` loads with the same MLM and NSP logits."""
 import pytest
 import torch
-from nxpretrain.recipes import get_recipe, override
+from nxpretrain.recipes import get_recipe
+from nxpretrain.config import override
 from nxpretrain.train.trainer import train
 from train_helpers import dist_train, close
 
@@ -50,9 +51,9 @@ def test_zero1_lamb_resumes_bit_for_bit(tmp_path, single):
 def test_checkpoint_exports_to_transformers(tmp_path, single):
     from transformers import BertForPreTraining
     from nxpretrain.train.hf import export_hf, checkpoint_recipe
-    from nxpretrain.models import build_model
+    from nxpretrain.models.registry import build_model
     from nxpretrain.train.checkpoint import load_weights
-    from nxpretrain.recipes import padded_vocab
+    from nxpretrain.models.config import padded_vocab
     ck = single.last_checkpoint
     out = export_hf(ck, tmp_path / 'hf')
     hf = BertForPreTraining.from_pretrained(out).eval()

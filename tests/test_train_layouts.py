@@ -3,7 +3,8 @@ resume exactly on the same layout, and resume onto a different layout (DCP resha
 import math
 import pytest
 import torch
-from nxpretrain.recipes import get_recipe, override
+from nxpretrain.recipes import get_recipe
+from nxpretrain.config import override
 from nxpretrain.train.trainer import train
 from train_helpers import dist_train, close
 

@@ -4,7 +4,9 @@ passes exactly when the engine builds that layout for the first and the last ran
 equality matrix of test_parallel.py."""
 import itertools, pytest, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from nxpretrain.recipes import CATALOG, override, problems
+from nxpretrain.recipes import CATALOG
+from nxpretrain.config import override
+from nxpretrain.validate import problems
 from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
 from nxpretrain.parallel.engine import build_parallel_model, attach_schedule
 
@@ -24,7 +26,8 @@ def layout_recipe(r, tp, pp, cp, dp, sp, vpp, kind):
                  f'parallel.sequence_parallel={str(sp).lower()}', f'parallel.virtual_pp={vpp}',
                  f"parallel.pp_schedule={'interleaved' if vpp > 1 else '1f1b'}",
                  f"parallel.fsdp={str(kind == 'fsdp').lower()}", f"parallel.zero1={str(kind == 'zero1').lower()}",
-                 'parallel.kv_replicator=1', 'parallel.dp=-1', 'cluster.profile=local', 'cluster.nodes=1']
+                 'parallel.kv_replicator=1', 'parallel.dp=-1', 'cluster.profile=local', 'cluster.nodes=1',
+                 'engine=native']
     if r.parallel.pp_cuts: overrides.append('parallel.pp_cuts=[]')
     return override(r, *overrides), world
 

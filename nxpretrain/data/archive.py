@@ -7,7 +7,7 @@ fetch-and-extract of its HDF5 tar."""
 from __future__ import annotations
 import json, os, shutil, tarfile
 from pathlib import Path, PurePosixPath
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 from ..errors import DataError
 
 # %% auto #0
@@ -42,8 +42,8 @@ def extract_tar(archive, dest, progress: bool = True) -> list[Path]:
         members = check_members(tar, str(archive))
         dest.mkdir(parents=True, exist_ok=True)
         files = []
-        with tqdm(total=sum(m.size for m in members), unit='B', unit_scale=True, desc=f"extract {archive.name}",
-                  disable=not progress) as bar:
+        with progress_bar(total=sum(m.size for m in members), unit='B', unit_scale=True, desc=f"extract {archive.name}",
+                  progress=progress) as bar:
             for m in members:
                 tar.extract(m, dest, filter='data')
                 if m.isfile():

@@ -7,7 +7,7 @@ Training's `HFDataModule` loads with `datasets.load_from_disk`, as seed 4's `get
 from __future__ import annotations
 from pathlib import Path
 import numpy as np
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 from ..errors import DataError
 from .indexed import IndexedDataset
 
@@ -50,7 +50,7 @@ def write_arrow_blocks(prefix, seq_len: int, out=None, batch: int = 256, progres
         {k: datasets.Sequence(datasets.Value('int64')) for k in ('input_ids', 'attention_mask', 'labels')}
     )
     def rows():
-        bar = tqdm(total=n_blocks, desc=f"blocks of {seq_len}", unit='block', disable=not progress)
+        bar = progress_bar(total=n_blocks, desc=f"blocks of {seq_len}", unit='block', progress=progress)
         for b in _blocks(ds, seq_len, batch):
             for ids in b: yield {'input_ids': ids, 'attention_mask': np.ones_like(ids), 'labels': ids}
             bar.update(len(b))

@@ -7,7 +7,7 @@ addresses through `nxpretrain.data.s3`; HF datasets when `datasets` is installed
 from __future__ import annotations
 import hashlib, os, time, http.client, urllib.request, urllib.error
 from pathlib import Path
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 from ..errors import DataError
 from .corpus import write_jsonl
 
@@ -34,8 +34,9 @@ def fetch_file(url: str, dest: str | Path, sha256: str | None = None, retries: i
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 if have and r.status != 206: have = 0            # range ignored: start again
                 total = have + int(r.headers.get('Content-Length', 0)) or None
-                with open(part, 'ab' if have else 'wb') as f, tqdm(total=total, initial=have, unit='B', unit_scale=True,
-                                                                    desc=dest.name, disable=not progress) as bar:
+                with open(part, 'ab' if have else 'wb') as f, progress_bar(total=total, initial=have, unit='B',
+                                                                           unit_scale=True, desc=dest.name,
+                                                                           progress=progress) as bar:
                     while b := r.read(chunk):
                         f.write(b)
                         bar.update(len(b))

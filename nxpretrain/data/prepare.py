@@ -10,7 +10,7 @@ import itertools, json, os, shutil, sys, time, multiprocessing as mp
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import numpy as np
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 from ..errors import DataError
 from .corpus import LineStats, iter_jsonl, line_ranges, demo_documents, write_jsonl, extract_zst
 from .indexed import IndexedWriter, IndexedDataset, merge_datasets, token_dtype, check_tokens, SIDECAR
@@ -107,7 +107,8 @@ def tokenize_files(inputs: list, # .jsonl / .jsonl.zst files, in output order
             for j, (a, b) in enumerate(ranges)
         ]
     total = sum(os.path.getsize(p) for p in inputs)
-    bar = tqdm(total=total, unit='B', unit_scale=True, desc=f'tokenize {Path(out_prefix).name}', disable=not progress)
+    bar = progress_bar(total=total, unit='B', unit_scale=True, desc=f'tokenize {Path(out_prefix).name}',
+                       progress=progress)
     try:
         if workers == 1: results = [run_task(t, bar.update) for t in tasks]
         else:
@@ -393,7 +394,7 @@ def prepare_demo(root: str | Path = 'runs/data', tokenizer: str = 'demo', progre
     tok = demo_tokenizer(root, docs) if tokenizer == 'demo' else get_tokenizer(tokenizer, root)
     t1 = time.time()
     with IndexedWriter(prefix, token_dtype(tok.vocab_size), tok.vocab_size) as w:
-        for i in tqdm(range(0, len(docs), 1024), desc='tokenize demo', disable=not progress):
+        for i in progress_bar(range(0, len(docs), 1024), desc='tokenize demo', progress=progress):
             w.add_documents(*encode_documents(tok, docs[i:i + 1024]))
     t2 = time.time()
     if not (cdir / 'demo.jsonl').exists(): write_jsonl(docs, cdir / 'demo.jsonl')

@@ -7,7 +7,7 @@ multipart, checksummed, with one-line errors; `s5cmd` for syncs where it is inst
 from __future__ import annotations
 import fnmatch, hashlib, json, os, shutil, subprocess, time
 from pathlib import Path
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 from .corpus import DataError
 
 # %% auto #0
@@ -120,7 +120,7 @@ def verify(path, url: str, size: int, etag: str = '', sha256: str | None = None,
     if any(etag_of(path, s) == etag for s in sizes): return 'etag'
     raise bad(f"multipart ETag {etag} matches no recomputation")
 
-# %% ../../nbs/api/17_s3.ipynb #ae018982
+# %% ../../nbs/api/17_s3.ipynb #0ebc0ca3
 def _transient():
     "Exceptions of a broken transfer (retry the part)."
     import urllib3.exceptions
@@ -131,6 +131,7 @@ def _transient():
 
 class _ObjectChanged(Exception): pass
 
+# %% ../../nbs/api/17_s3.ipynb #f078eb24
 def _resume_state(part: Path, info: Path, url: str, etag: str, size: int, part_size: int) -> dict:
     "The parts already fetched by an earlier run of the same object version; a fresh, preallocated `.part` otherwise."
     try: state = json.loads(info.read_text())
@@ -142,6 +143,7 @@ def _resume_state(part: Path, info: Path, url: str, etag: str, size: int, part_s
     info.write_text(json.dumps(state))
     return state
 
+# %% ../../nbs/api/17_s3.ipynb #04b112fb
 def _fetch_parts(client, url: str, part: Path, info: Path, state: dict, bar, retries: int, concurrency: int, chunk: int,
                  anonymous: bool):
     "Fetch the parts of `state` not yet done, in parallel, recording each one done."
@@ -182,6 +184,7 @@ def _fetch_parts(client, url: str, part: Path, info: Path, state: dict, bar, ret
                 time.sleep(min(0.1 * 2 ** attempt, 5))
     with ThreadPoolExecutor(max(1, concurrency)) as pool: list(pool.map(fetch, todo))
 
+# %% ../../nbs/api/17_s3.ipynb #1de17527
 def download(url: str, dest, anonymous: bool = False, sha256: str | None = None, endpoint_url: str | None = None,
              retries: int = 5, part_size: int = 16 << 20, concurrency: int = 8, chunk: int = 1 << 20,
              progress: bool = True, client=None) -> Path:
@@ -198,7 +201,8 @@ def download(url: str, dest, anonymous: bool = False, sha256: str | None = None,
         if fresh: info.unlink(missing_ok=True)             # the object changed under us: start over, once
         state = _resume_state(part, info, url, etag, size, part_size)
         have = sum(min(part_size, size - i * part_size) for i in state['done'])
-        with tqdm(total=size, initial=have, unit='B', unit_scale=True, desc=dest.name, disable=not progress) as bar:
+        with progress_bar(total=size, initial=have, unit='B', unit_scale=True, desc=dest.name,
+                          progress=progress) as bar:
             try:
                 _fetch_parts(client, url, part, info, state, bar, retries, concurrency, chunk, anonymous)
                 break
@@ -226,7 +230,7 @@ def upload(path, url: str, anonymous: bool = False, endpoint_url: str | None = N
     config = TransferConfig(multipart_threshold=multipart_threshold, multipart_chunksize=part_size,
                             max_concurrency=concurrency, use_threads=concurrency > 1)
     size = path.stat().st_size
-    with tqdm(total=size, unit='B', unit_scale=True, desc=f"↑ {path.name}", disable=not progress) as bar:
+    with progress_bar(total=size, unit='B', unit_scale=True, desc=f"↑ {path.name}", progress=progress) as bar:
         try:
             client.upload_file(str(path), bucket, key, Config=config, Callback=bar.update,
                                ExtraArgs={'Metadata': {SHA256_META: file_sha256(path)}})
@@ -261,7 +265,7 @@ def list_objects(
     except (ClientError, BotoCoreError) as e: raise explain(e, url, anonymous) from None
     return out
 
-# %% ../../nbs/api/17_s3.ipynb #01d3415e
+# %% ../../nbs/api/17_s3.ipynb #fc15da7f
 def _s5cmd_sync(url: str, dest: Path, anonymous: bool, endpoint_url: str | None) -> None:
     argv = ['s5cmd', '--log', 'error']
     if anonymous: argv.append('--no-sign-request')
@@ -274,6 +278,7 @@ def _s5cmd_sync(url: str, dest: Path, anonymous: bool, endpoint_url: str | None)
         raise DataError(f"{url}: s5cmd sync failed: {line[-1][:200] if line else p.returncode}; run again, or pass "
                         "use_s5cmd=False")
 
+# %% ../../nbs/api/17_s3.ipynb #e5786421
 def sync(url: str, dest, anonymous: bool = False, endpoint_url: str | None = None, sha256: dict | None = None,
          use_s5cmd: bool | None = None, progress: bool = True) -> list[Path]:
     "Copy the objects under prefix or pattern `url` into folder `dest`; returns the local paths, all checked."
@@ -288,7 +293,8 @@ def sync(url: str, dest, anonymous: bool = False, endpoint_url: str | None = Non
     local = {key: dest / key[len(base):] for key, _, _ in objects}
     if use_s5cmd is None: use_s5cmd = shutil.which('s5cmd') is not None
     if use_s5cmd: _s5cmd_sync(url, dest, anonymous, endpoint_url)
-    for key, size, etag in tqdm(objects, desc=f"sync {url}", unit='file', disable=not progress or len(objects) < 2):
+    for key, size, etag in progress_bar(objects, desc=f"sync {url}", unit='file',
+                                        progress=progress and len(objects) > 1):
         p, want = local[key], (sha256 or {}).get(local[key].relative_to(dest).as_posix())
         if use_s5cmd or (p.exists() and p.stat().st_size == size):
             if not p.exists(): raise DataError(f"s3://{bucket}/{key}: s5cmd did not copy it to {p}; run again")
@@ -305,7 +311,7 @@ def upload_dir(folder, url: str, last: tuple = (), anonymous: bool = False, endp
                    key=lambda p: (p.name in last, last.index(p.name) if p.name in last else 0, str(p)))
     client = s3_client(anonymous, endpoint_url)
     urls = []
-    for p in tqdm(files, desc=f"↑ {folder.name}", unit='file', disable=not progress):
+    for p in progress_bar(files, desc=f"↑ {folder.name}", unit='file', progress=progress):
         urls.append(url.rstrip('/') + '/' + p.relative_to(folder).as_posix())
         upload(p, urls[-1], anonymous, endpoint_url, progress=False, client=client, **kw)
     return urls

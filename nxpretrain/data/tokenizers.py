@@ -9,11 +9,11 @@ import json, os
 from pathlib import Path
 from ..errors import DataError
 from .corpus import demo_documents
-from ..recipes import DEMO_VOCAB
+DEMO_VOCAB = 8192   # entries of the demo BPE (the CPU recipes' model.vocab_size)
 
 # %% auto #0
-__all__ = ['EOD_TOKENS', 'HFTokenizer', 'SentencePieceTokenizer', 'gpt2_tokenizer', 'wordpiece_tokenizer', 'train_bpe',
-           'demo_tokenizer', 'get_tokenizer']
+__all__ = ['DEMO_VOCAB', 'EOD_TOKENS', 'HFTokenizer', 'SentencePieceTokenizer', 'gpt2_tokenizer', 'wordpiece_tokenizer',
+           'train_bpe', 'demo_tokenizer', 'get_tokenizer']
 
 # %% ../../nbs/api/12_tokenizers.ipynb #d646e86d
 EOD_TOKENS = ('<|endoftext|>', '<|end_of_text|>', '</s>', '<eos>', '[SEP]')

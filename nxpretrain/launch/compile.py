@@ -9,11 +9,14 @@ from __future__ import annotations
 import dataclasses, time
 from dataclasses import dataclass, field
 from pathlib import Path
-from ..recipes import Recipe, RecipeError, get_recipe, override, problems
+from ..config import Recipe, override
+from ..errors import RecipeError
+from ..recipes import get_recipe
+from ..validate import problems
 from .job import Job, make_job, resolve_cluster
 from .launcher import get_launcher
 from .local import run_local
-from .nxdt import export_trn1, parse_compile_log
+from .nxdt import parse_compile_log
 from .watch import ProgressReader
 from ..parallel.compile import compile_cache_dir
 
@@ -25,8 +28,8 @@ __all__ = ['CompileReport', 'memory_check', 'cache_env', 'compile_stage']
 class CompileReport:
     recipe: str
     profile: str
-    mode: str                      # nxdt-compile (trn1) | preflight
-    action: str = 'stopped'        # ran | submitted | stopped
+    mode: str                      # compile (a framework's ahead-of-time compile) | preflight | contract
+    action: str = 'stopped'        # ran | submitted | checked | stopped
     reason: str = ''
     problems: list = field(default_factory=list)
     memory: str = ''               # per-device estimate against the device
@@ -77,43 +80,42 @@ def cache_env(cache_dir, backend: str) -> dict:
     return {'TORCHINDUCTOR_CACHE_DIR': d + '/inductor', 'TRITON_CACHE_DIR': d + '/triton'}
 
 # %% ../../nbs/api/53_compile.ipynb #b958475d
-def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', overrides=(), steps: int = 2,
-                  cache_dir=None, wait_s: float = 0, entry: str = 'nxpretrain.train.entry',
-                  submit_job: bool | None = None, show=print) -> CompileReport:
-    "Check `recipe` before its long run: NxDT compile on trn1, a dry run elsewhere. See the report's `ok`."
-    overrides = [o for o in ([overrides] if isinstance(overrides, str) else overrides) if o]
-    r = get_recipe(recipe, *overrides) if isinstance(recipe, str) else override(recipe, *overrides)
-    r, prof = resolve_cluster(r, cluster)
-    out_dir = Path(out_dir)
-    rep = CompileReport(r.name, f"{r.cluster.nodes} × {prof.name}",
-                        'nxdt-compile' if prof.backend == 'xla' else 'preflight')
-    rep.problems = problems(r, r.cluster.nodes * prof.devices_per_node)
-    if rep.problems:
-        rep.reason = 'the recipe has problems: fix them first'
-        show(rep)
-        return rep
+def _refusal(rep: CompileReport, r: Recipe, world: int) -> str:
+    "Why nothing should be compiled or run for `r` (its problems, or memory), filling `rep`; '' when all is well."
+    rep.problems = problems(r, world)
+    if rep.problems: return 'the recipe has problems: fix them first'
     rep.fits, rep.memory = memory_check(r)
-    if not rep.fits:
-        rep.reason = 'the model does not fit the device: change the layout first'
-        show(rep)
-        return rep
-    # NxD Training reads the Neuron cache beside its job; inductor's is the recipe's, which the training job reads too
-    default_cache = out_dir / 'compile-cache' if prof.backend == 'xla' else compile_cache_dir(r)
-    cache = Path(cache_dir or default_cache)
-    rep.cache_env = cache_env(cache, prof.backend)
-    cache.mkdir(parents=True, exist_ok=True)
-    local = not cluster and prof.name == 'local' and r.cluster.nodes == 1
-    if prof.backend == 'xla':
-        rep.job = export_trn1(r, out_dir, cache_url=rep.cache_env['NEURON_COMPILE_CACHE_URL'])['compile']
-    else:
-        short = [f"trainer.max_steps={steps}", f"optim.warmup_steps={min(r.optim.warmup_steps, steps)}",
-                 'trainer.save_every=0', 'trainer.save_every_minutes=0', 'trainer.eval_every=0', 'trainer.resume=false',
-                 f"trainer.log_every=1"]
-        rep.job = make_job(r, None, out_dir, overrides=short, entry=entry, kind='preflight', env=rep.cache_env)
-    if local:
+    return '' if rep.fits else 'the model does not fit the device: change the layout first'
+
+def _stage_job(rep: CompileReport, r: Recipe, prof, out_dir: Path, steps: int, entry: str) -> Job:
+    """The job this stage runs for `r`: its engine's compile job where the framework compiles ahead of time, a short
+    dry run of our engine otherwise; a framework without either has its written job checked against its contract."""
+    from nxpretrain.launch.engine import engine_of
+    engine = engine_of(r)
+    if engine.name != 'native' or prof.backend == 'xla':
+        jobs = engine.export(r, out_dir, cache_url=rep.cache_env.get('NEURON_COMPILE_CACHE_URL', ''))
+        if 'compile' in jobs:
+            rep.mode = 'compile'
+            return jobs['compile']
+        rep.mode, rep.problems = 'contract', engine.check(jobs)
+        return jobs['train']
+    short = [f"trainer.max_steps={steps}", f"optim.warmup_steps={min(r.optim.warmup_steps, steps)}",
+             'trainer.save_every=0', 'trainer.save_every_minutes=0', 'trainer.eval_every=0', 'trainer.resume=false',
+             "trainer.log_every=1"]
+    return make_job(r, None, out_dir, overrides=short, entry=entry, kind='preflight', env=rep.cache_env)
+
+# %% ../../nbs/api/53_compile.ipynb #eb226cfd
+def _run_stage_job(rep: CompileReport, r: Recipe, prof, cluster, wait_s: float, submit_job) -> str:
+    "Run or submit `rep.job`; the reason the stage stops instead ('' when it ran or was submitted)."
+    if rep.mode == 'contract':
+        rep.action = 'checked'
+        return f"{r.engine} jobs compile nothing ahead: the written job {'passes' if not rep.problems else 'breaks'} " \
+               f"its framework's contract ({rep.job.script_path})"
+    if not cluster and prof.name == 'local' and r.cluster.nodes == 1:
         res = run_local(rep.job, echo=False, env=rep.cache_env)
         rep.action, rep.returncode, rep.log = 'ran', res.exit_code, res.log
-    elif cluster and (submit_job if submit_job is not None else not get_launcher(rep.job.scheduler).reachable()):
+        return ''
+    if cluster and (submit_job if submit_job is not None else not get_launcher(rep.job.scheduler).reachable()):
         ln = get_launcher(rep.job.scheduler)
         rep.job_id, rep.action = ln.submit(rep.job), 'submitted'
         rep.log = ln.log_path(rep.job_id)
@@ -121,28 +123,51 @@ def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', ov
             st = ln.wait(rep.job_id, timeout=wait_s)
             rep.returncode = 0 if st.state == 'COMPLETED' else 1
             rep.log = st.log or rep.log
-    else:
-        rep.reason = (f"no cluster given: the {rep.mode} job is written to {rep.job.script_path}; run this stage on "
-                      f"the head node with a cluster (e.g. -p cluster {prof.name}) to submit it")
-        show(rep)
-        return rep
+        return ''
+    return (f"no cluster given: the {rep.mode} job is written to {rep.job.script_path}; run this stage on the head "
+            f"node with a cluster (e.g. -p cluster {prof.name}) to submit it")
+
+def _read_stage_log(rep: CompileReport, steps: int) -> str:
+    "What the finished (or submitted) job's log says, as the report's reason."
     if rep.log and Path(rep.log).exists():
         text = Path(rep.log).read_text(errors='replace')
-        rep.graphs = parse_compile_log(text) if rep.mode == 'nxdt-compile' else {}
+        rep.graphs = parse_compile_log(text) if rep.mode == 'compile' else {}
         rd = ProgressReader(rep.log)
         rd.read()
         rep.steps_reached = rd.last['step'] if rd.last else 0
-    if rep.returncode is None: rep.reason = f"job {rep.job_id} submitted; its log: {rep.log}"
-    elif rep.returncode == 0:
-        rep.reason = (
-            f"every rank reached step {rep.steps_reached or steps}; give the training job the same "
-            "compile cache (cache_env)"
-            if rep.mode == 'preflight'
-            else 'compile finished'
-        )
-    else:
-        rep.reason = f"the dry run failed (status {rep.returncode}); the log's last lines:\n" + '\n'.join(
-            Path(rep.log).read_text(errors='replace').splitlines()[-15:]
-        )
+    if rep.returncode is None: return f"job {rep.job_id} submitted; its log: {rep.log}"
+    if rep.returncode == 0 and rep.mode == 'preflight':
+        return (f"every rank reached step {rep.steps_reached or steps}; give the training job the same compile cache "
+                "(cache_env)")
+    if rep.returncode == 0: return 'compile finished'
+    last = '\n'.join(Path(rep.log).read_text(errors='replace').splitlines()[-15:])
+    return f"the dry run failed (status {rep.returncode}); the log's last lines:\n{last}"
+
+# %% ../../nbs/api/53_compile.ipynb #2dac6ab7
+def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', overrides=(), steps: int = 2,
+                  cache_dir=None, wait_s: float = 0, entry: str = 'nxpretrain.train.entry',
+                  submit_job: bool | None = None, show=print) -> CompileReport:
+    """Check `recipe` before its long run: its framework's ahead-of-time compile (trn1, trn2), a dry run of our engine,
+    or the framework's contract on the written job. See the report's `ok`."""
+    overrides = [o for o in ([overrides] if isinstance(overrides, str) else overrides) if o]
+    r = get_recipe(recipe, *overrides) if isinstance(recipe, str) else override(recipe, *overrides)
+    r, prof = resolve_cluster(r, cluster)
+    out_dir = Path(out_dir)
+    rep = CompileReport(r.name, f"{r.cluster.nodes} × {prof.name}", 'preflight')
+    if reason := _refusal(rep, r, r.cluster.nodes * prof.devices_per_node):
+        rep.reason = reason
+        show(rep)
+        return rep
+    # a framework's compile reads the Neuron cache beside its job; inductor's is the recipe's, as the training job's
+    neuron = prof.backend in ('xla', 'neuron') and r.engine != 'native'
+    cache = Path(cache_dir or (out_dir / 'compile-cache' if neuron or prof.backend == 'xla' else compile_cache_dir(r)))
+    rep.cache_env = cache_env(cache, prof.backend)
+    cache.mkdir(parents=True, exist_ok=True)
+    rep.job = _stage_job(rep, r, prof, out_dir, steps, entry)
+    if reason := _run_stage_job(rep, r, prof, cluster, wait_s, submit_job):
+        rep.reason = reason
+        show(rep)
+        return rep
+    rep.reason = _read_stage_log(rep, steps)
     show(rep)
     return rep

@@ -8,13 +8,17 @@ from __future__ import annotations
 import dataclasses, re, shlex, sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from ..recipes import Recipe, ClusterConfig, RecipeError, get_recipe, override, to_yaml, validate
+from ..config import Recipe, ClusterConfig, override, to_yaml
+from ..errors import RecipeError
+from ..recipes import get_recipe
+from ..validate import validate
 from ..clusters import ClusterProfile, PROFILES, profile
 from .launcher import get_launcher
 
 # %% auto #0
-__all__ = ['plain_value', 'job_name', 'parse_cluster', 'resolve_cluster', 'Job', 'torchrun_argv', 'entry_argv',
-           'quote_argv', 'export_lines', 'render_job', 'write_job', 'make_job', 'make_array_job', 'data_prep_jobs']
+__all__ = ['plain_value', 'job_name', 'time_limit_seconds', 'parse_cluster', 'resolve_cluster', 'Job', 'torchrun_argv',
+           'entry_argv', 'quote_argv', 'export_lines', 'render_job', 'write_job', 'make_job', 'make_array_job',
+           'data_prep_jobs']
 
 # %% ../../nbs/api/50_job.ipynb #7a8a5c70
 _PLAIN = {'partition': r'[A-Za-z0-9_.,-]*', 'time': r'(UNLIMITED|[0-9]+(-[0-9]+)?(:[0-9]+){0,2})?',
@@ -31,6 +35,17 @@ def plain_value(kind: str, value: str, where: str) -> str:
 def job_name(recipe_name: str, kind: str = 'train') -> str:
     "A Slurm job name made from the recipe name: letters, digits, `._-` only (the name ends up in file names)."
     return f"nxp-{kind}-" + (re.sub(r'[^A-Za-z0-9_.-]+', '_', recipe_name).strip('_.') or 'recipe')[:48]
+
+# %% ../../nbs/api/50_job.ipynb #tlimit0e
+def time_limit_seconds(spec: str) -> int | None:
+    "Seconds of Slurm time limit `spec` (cluster.time), None for no limit."
+    spec = str(spec or '').strip()
+    if not spec or spec.upper() == 'UNLIMITED': return None
+    days, _, rest = spec.rpartition('-')
+    parts = [int(x) for x in rest.split(':')]
+    if days: h, m, s = (parts + [0, 0])[:3]                    # D-HH[:MM[:SS]]
+    else: h, m, s = ([0, 0] + parts)[-3:] if len(parts) == 3 else (0, *(parts + [0])[:2])   # MM[:SS] or HH:MM:SS
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
 
 # %% ../../nbs/api/50_job.ipynb #c0bd8b13
 def parse_cluster(spec: str, recipe: Recipe) -> ClusterConfig:
@@ -88,6 +103,8 @@ class Job:
     log: str = ''                  # where the output goes (a pattern of the scheduler, e.g. %x-%j.out)
     script_suffix: str = 'sh'
     dependency: str = ''           # e.g. afterok:12, once submitted after other jobs
+    engine: str = 'native'         # the framework it runs (`nxpretrain.launch.engine`): how its log and checkpoints
+                                   # are read
 
     @property
     def script_path(self) -> Path: return self.out_dir / f"{self.kind}.{self.script_suffix}"

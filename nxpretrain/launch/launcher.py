@@ -7,6 +7,7 @@ name, so a new scheduler is one module."""
 from __future__ import annotations
 import importlib, json, os, time
 from abc import ABC, abstractmethod
+from fastcore.basics import patch
 from dataclasses import dataclass, asdict
 from enum import Enum
 from pathlib import Path
@@ -100,23 +101,39 @@ class Launcher(ABC):
         "The file `job_id` writes its output to, where there is one (live progress reads it)."
         return ''
 
-    def check(self, job) -> str:
-        "The scheduler's answer to whether and when `job` would start; nothing is submitted."
-        raise LaunchError(f"{self.scheduler}: cannot check a job without submitting it")
+    reports_node_usage: bool = False   # whether `node_usage` can look at a running job's nodes
 
-    def jobs(self) -> list[JobStatus]:
-        "The jobs this scheduler has now."
-        return []
+# %% ../../nbs/api/49_launcher.ipynb #lnopt0ex
+@patch
+def check(self: Launcher, job) -> str:
+    "The scheduler's answer to whether and when `job` would start; nothing is submitted."
+    raise LaunchError(f"{self.scheduler}: cannot check a job without submitting it")
 
-    def wait(self, job_id, timeout: float = 600, poll: float = 1.0, until=END_STATES) -> JobStatus:
-        "Poll `status(job_id)` until its state is in `until`; return the last status."
-        t0 = time.time()
-        while True:
-            s = self.status(job_id)
-            if s.state in until: return s
-            if time.time() - t0 > timeout:
-                raise TimeoutError(f"job {job_id} still {s.state} after {timeout:.0f} s ({s.reason})")
-            time.sleep(poll)
+@patch
+def jobs(self: Launcher) -> list[JobStatus]:
+    "The jobs this scheduler has now."
+    return []
+
+@patch
+def lists(self: Launcher, job_id) -> bool:
+    "Whether this scheduler knows `job_id` now, however the job was submitted."
+    return False
+
+@patch
+def node_usage(self: Launcher, job_id) -> list[dict]:
+    "Per-node CPU, memory and accelerator use of running job `job_id` (where `reports_node_usage`)."
+    raise LaunchError(f"job {job_id}: per-node use is asked through Slurm; this is a {self.scheduler} job")
+
+@patch
+def wait(self: Launcher, job_id, timeout: float = 600, poll: float = 1.0, until=END_STATES) -> JobStatus:
+    "Poll `status(job_id)` until its state is in `until`; return the last status."
+    t0 = time.time()
+    while True:
+        s = self.status(job_id)
+        if s.state in until: return s
+        if time.time() - t0 > timeout:
+            raise TimeoutError(f"job {job_id} still {s.state} after {timeout:.0f} s ({s.reason})")
+        time.sleep(poll)
 
 # %% ../../nbs/api/49_launcher.ipynb #2f4b771c
 def tail_file(path, n: int = 20) -> str:
@@ -162,7 +179,8 @@ def records_path() -> Path:
 def record_job(job, job_id: str, scheduler: str, cluster: str, **extra) -> dict:
     "Append the record of submitted `job` to its folder's `jobs.jsonl` and to the per-user index; return it."
     rec = {'id': str(job_id), 'scheduler': scheduler, 'cluster': cluster, 'name': job.name, 'kind': job.kind,
-           'log': job.log, 'out_dir': str(job.out_dir), 'tasks': job.tasks, 'time': time.time(), **extra}
+           'log': job.log, 'out_dir': str(job.out_dir), 'tasks': job.tasks, 'engine': job.engine, 'time': time.time(),
+           **extra}
     for f in (Path(job.out_dir) / 'jobs.jsonl', records_path()):
         f.parent.mkdir(parents=True, exist_ok=True)
         with open(f, 'a') as fh: fh.write(json.dumps(rec) + '\n')
@@ -185,21 +203,30 @@ def find_records(job_id=None, scheduler: str | None = None, cluster: str | None 
     return out
 
 # %% ../../nbs/api/49_launcher.ipynb #8a025f71
-def find_launcher(job_id) -> tuple[Launcher, str]:
-    "(the launcher that owns `job_id`, the id as that scheduler knows it); `job_id` may be `scheduler:id`."
+def _other_clusters(job_id, here) -> str:
+    other = {f"{r.get('scheduler', 'slurm')} cluster {r.get('cluster', '')!r}" for r in find_records(job_id)} - set(
+        here
+    )
+    return f" (the index has it from {', '.join(sorted(other))}, not from here)" if other else ''
+
+def find_launcher(job_id, schedulers=('local', 'slurm')) -> tuple[Launcher, str]:
+    """(the launcher of a cluster that answers here and has `job_id`, the id as it knows it): the index of jobs
+    submitted from here first, then the scheduler's own list; `scheduler:id` names the scheduler."""
     head, sep, rest = str(job_id).partition(':')
-    if sep: return get_launcher(head), rest
-    seen = {}
-    for rec in find_records(job_id):
-        name = rec.get('scheduler', 'slurm')
-        if name not in seen:
-            try: seen[name] = get_launcher(name)
-            except RecipeError: continue     # a scheduler whose module is not imported in this process
-        if rec.get('cluster', '') == seen[name].cluster: return seen[name], str(job_id)
-    slurm = get_launcher('slurm')
-    if why := slurm.reachable():
-        raise LaunchError(f"job {job_id}: no job of that id was submitted from here, and {why}")
-    return slurm, str(job_id)
+    recorded = [r.get('scheduler', 'slurm') for r in find_records(job_id)]
+    names, jid = ([head], rest) if sep else (list(dict.fromkeys([*schedulers, *recorded])), str(job_id))
+    here, why = [], []
+    for name in names:
+        try: ln = get_launcher(name)
+        except RecipeError: continue         # a scheduler whose module is not importable in this process
+        if no := ln.reachable():
+            why.append(no)
+            continue
+        here.append(f"{name} cluster {ln.cluster!r}")
+        if find_records(jid, name, ln.cluster) or ln.lists(jid): return ln, jid
+    listed = f"none is listed by {' or '.join(here)}" if here else 'no scheduler answers here'
+    raise LaunchError(f"job {jid}: no job of that id was submitted from here{_other_clusters(jid, here)}, and {listed}"
+                      + (f" ({'; '.join(why)})" if why else '') + "; list the jobs with `nxpretrain jobs`")
 
 def status(job_id) -> JobStatus:
     "The state of `job_id`, from the scheduler that gave it."

@@ -6,6 +6,7 @@ squeue, scancel and scontrol behind the launcher interface."""
 # %% ../../nbs/api/56_slurm.ipynb #0b049d25
 from __future__ import annotations
 import json, os, re, shlex, shutil, subprocess, time
+from fastcore.basics import patch
 from pathlib import Path
 from ..errors import EXIT_REQUEUE, SlurmError
 from ..clusters import ClusterProfile, profile
@@ -15,13 +16,15 @@ from .job import Job, export_lines, plain_value, quote_argv, torchrun_argv, writ
 from .slurmcheck import explain_slurm, slurm_problem
 
 # %% auto #0
-__all__ = ['MAX_RESTARTS', 'sbatch_header', 'step_command', 'job_state', 'SlurmLauncher']
+__all__ = ['MAX_RESTARTS', 'REQUEUE_ON_FAILURE', 'sbatch_header', 'requeue_on_failure', 'step_command', 'job_state',
+           'SlurmLauncher', 'slurm_status', 'slurm_cancel']
 
 # %% ../../nbs/api/56_slurm.ipynb #06d91a70
 def sbatch_header(name, nodes, profile_: ClusterProfile, partition: str, time_limit: str, log, array='', exclusive=True,
-                  requeue=True, signal_grace=180, tasks_per_node=1, cpus_per_task=None) -> list[str]:
+                  requeue=True, signal_grace=180, tasks_per_node=1, cpus_per_task=None, signal='B:USR1') -> list[str]:
     """The `#SBATCH` lines of a job: its name, nodes, tasks, CPUs, GPUs, partition, time limit, log and requeue on
-    preemption."""
+    preemption, with `signal` `signal_grace` s before the time limit (`B:USR1`: to the batch shell; `TERM`: to every
+    task of the running step)."""
     sb = [f"--job-name={name}", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
           f"--cpus-per-task={cpus_per_task or profile_.cpus_per_node}"]
     if exclusive: sb.append('--exclusive')
@@ -30,7 +33,7 @@ def sbatch_header(name, nodes, profile_: ClusterProfile, partition: str, time_li
     if time_limit: sb.append(f"--time={plain_value('time', time_limit, 'cluster.time')}")
     if array: sb.append(f"--array={array}")
     sb += [f"--output={log}", '--open-mode=append']
-    if requeue: sb += ['--requeue', f"--signal=B:USR1@{int(signal_grace)}"]
+    if requeue: sb += ['--requeue', f"--signal={signal}@{int(signal_grace)}"]
     return [f"#SBATCH {a}" for a in sb]
 
 # %% ../../nbs/api/56_slurm.ipynb #562d7016
@@ -69,6 +72,18 @@ exit "$rc"
 def _wrap(command: str) -> str:
     "Break a long command line before its options, for people reading the script."
     return re.sub(r" (?=--(?:nnodes|rdzv-id|rdzv-endpoint|recipe) |-m )", " \\\n    ", command)
+
+# %% ../../nbs/api/56_slurm.ipynb #rq0ex001
+REQUEUE_ON_FAILURE = '''requeue() {{
+    [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ] && scontrol requeue "$SLURM_JOB_ID"
+}}
+trap 'echo "nxpretrain: time limit near: requeue"; requeue; exit 0' USR1
+{command} &
+wait $! || requeue'''
+
+def requeue_on_failure(command: str) -> str:
+    "Bash that runs `command` in the background and requeues the job when it fails or the time-limit notice comes."
+    return REQUEUE_ON_FAILURE.format(command=command, max_restarts=MAX_RESTARTS)
 
 # %% ../../nbs/api/56_slurm.ipynb #aabc0975
 def step_command(job: Job, prof: ClusterProfile) -> str:
@@ -184,6 +199,7 @@ def _status(j: dict, cluster: str) -> JobStatus:
 class SlurmLauncher(Launcher):
     "Jobs as sbatch scripts on the Slurm cluster that answers here (`SLURM_CONF` picks one of several)."
     scheduler, script_suffix = 'slurm', 'sbatch'
+    reports_node_usage = True
 
     @property
     def cluster(self) -> str:
@@ -229,47 +245,93 @@ class SlurmLauncher(Launcher):
         cluster = self.cluster
         return [_status(j, cluster) for j in json.loads(_slurm('squeue', '--json', '--all'))['jobs']]
 
-    def _listed(self, job_id: str) -> JobStatus | None:
-        cluster = self.cluster
-        for j in json.loads(_slurm('squeue', '--json', '--all'))['jobs']:
-            s = _status(j, cluster)
-            if s.job_id == job_id or str(j['job_id']) == job_id: return s
-        return None
+    def status(self, job_id) -> JobStatus: return slurm_status(self, job_id)
+    def cancel(self, job_id, signal: str | None = None) -> None: slurm_cancel(job_id, signal)
+    def log(self, job_id, tail: int = 20) -> str: return tail_file(self.log_path(job_id), tail)
 
-    def _recorded_log(self, job_id: str) -> str:
-        "The log of `job_id` from the record that submit left for this cluster."
-        base, _, task = job_id.partition('_')
-        for rec in find_records(base, self.scheduler, self.cluster):
-            arr = bool(rec.get('tasks') or rec.get('array'))
-            j = {'name': rec['name'], 'job_id': base, 'array_job_id': base if arr else 0,
-                 'array_task_id': int(task) if task else (0 if arr else None)}
-            return _expand_log(rec['log'], j)
-        return ''
 
-    def status(self, job_id) -> JobStatus:
-        job_id = str(job_id)
-        if s := self._listed(job_id): return s
+# %% ../../nbs/api/56_slurm.ipynb #slcore02
+@patch
+def listed(self: SlurmLauncher, job_id) -> JobStatus | None:
+    "The status of `job_id` while Slurm lists it (squeue), else None."
+    cluster, job_id = self.cluster, str(job_id)
+    for j in json.loads(_slurm('squeue', '--json', '--all'))['jobs']:
+        s = _status(j, cluster)
+        if s.job_id == job_id or str(j['job_id']) == job_id: return s
+    return None
+
+@patch
+def lists(self: SlurmLauncher, job_id) -> bool: return self.listed(job_id) is not None
+
+@patch
+def recorded_log(self: SlurmLauncher, job_id: str) -> str:
+    "The log of `job_id` from the record that submit left for this cluster."
+    base, _, task = job_id.partition('_')
+    for rec in find_records(base, self.scheduler, self.cluster):
+        arr = bool(rec.get('tasks') or rec.get('array'))
+        j = {'name': rec['name'], 'job_id': base, 'array_job_id': base if arr else 0,
+             'array_task_id': int(task) if task else (0 if arr else None)}
+        return _expand_log(rec['log'], j)
+    return ''
+
+# %% ../../nbs/api/56_slurm.ipynb #slend003
+def _scontrol_status(job_id: str, cluster: str) -> JobStatus | None:
+    "An ended job's final state and elapsed time from `scontrol show job`, while Slurm still keeps it."
+    if not shutil.which('scontrol'): return None
+    p = subprocess.run(['scontrol', '-o', 'show', 'job', job_id], capture_output=True, text=True, timeout=30)
+    kv = dict(re.findall(r'(\w+)=(\S*)', p.stdout)) if p.returncode == 0 else {}
+    if 'RunTime' not in kv: return None
+    t = [int(v) for v in re.split('[-:]', kv['RunTime'])]
+    return JobStatus(job_id, job_state(kv.get('JobState', '')), 'slurm', cluster, reason='from scontrol',
+                     elapsed_s=sum(v * m for v, m in zip(reversed(t), (1, 60, 3600, 86400))),
+                     nodes=int(kv.get('NumNodes', 0) or 0), node_list=kv.get('NodeList', ''),
+                     scheduler_state=kv.get('JobState', ''))
+
+def _sacct_status(job_id: str, cluster: str) -> JobStatus | None:
+    "An ended job's final state and elapsed time from Slurm's accounting (`sacct`), where it is on."
+    if not shutil.which('sacct'): return None
+    p = subprocess.run(['sacct', '-X', '-n', '-P', '-j', job_id, '-o', 'State,ElapsedRaw,NNodes,NodeList'],
+                       capture_output=True, text=True, timeout=30)
+    first = p.stdout.strip().splitlines()[:1] if p.returncode == 0 else []
+    if not first or len(first[0].split('|')) != 4: return None
+    state, elapsed, nodes, node_list = first[0].split('|')
+    return JobStatus(job_id, job_state(state), 'slurm', cluster, reason='from sacct', elapsed_s=float(elapsed or 0),
+                     nodes=int(nodes or 0), node_list=node_list, scheduler_state=state)
+
+def slurm_status(self, job_id) -> JobStatus:
+    "The state of `job_id`: squeue while it lists it, then scontrol or sacct for an ended job, else UNKNOWN."
+    job_id = str(job_id)
+    s = self.listed(job_id) or _scontrol_status(job_id, self.cluster) or _sacct_status(job_id, self.cluster)
+    if s is None:
         return JobStatus(job_id, JobState.UNKNOWN, self.scheduler, self.cluster,
-                         reason='Slurm no longer lists this job', log=self._recorded_log(job_id))
+                         reason='Slurm no longer lists this job', log=self.recorded_log(job_id))
+    s.log = s.log or self.recorded_log(job_id)
+    return s
 
-    def log_path(self, job_id) -> str:
-        job_id = str(job_id)
-        s = self._listed(job_id)
-        return (s.log if s else '') or self._recorded_log(job_id)
+# %% ../../nbs/api/56_slurm.ipynb #slmore04
+@patch
+def log_path(self: SlurmLauncher, job_id) -> str:
+    s = self.listed(str(job_id))
+    return (s.log if s else '') or self.recorded_log(str(job_id))
 
-    def log(self, job_id, tail: int = 20) -> str:
-        return tail_file(self.log_path(job_id), tail)
+def slurm_cancel(job_id, signal: str | None = None) -> None:
+    "scancel `job_id`, or send its batch shell `signal` (USR1: checkpoint and requeue)."
+    _slurm('scancel', *([f"--signal={signal}", '--batch'] if signal else []), str(job_id))
 
-    def cancel(self, job_id, signal: str | None = None) -> None:
-        _slurm('scancel', *([f"--signal={signal}", '--batch'] if signal else []), str(job_id))
+@patch
+def node_usage(self: SlurmLauncher, job_id) -> list[dict]:
+    "Per-node use of running job `job_id`: a step on each of its nodes (`nxpretrain.launch.nodes`)."
+    from nxpretrain.launch.nodes import node_usage
+    return node_usage(str(job_id))
 
-    def release(self, job_id, timeout: float = 120, settle: float = 3) -> None:
-        "Start a requeued job now rather than after Slurm's requeue delay (once its previous run has left the nodes)."
-        t0 = time.time()
-        # Allocating the job again while a node still cleans up its previous run fails it ("Job credential revoked").
-        while time.time() - t0 < timeout:
-            busy = _slurm('sinfo', '-h', '-t', 'completing', '-o', '%N', check=False).strip()
-            if self.status(job_id).state == JobState.PENDING and not busy: break
-            time.sleep(0.5)
-        time.sleep(settle)
-        _slurm('scontrol', 'update', f"JobId={job_id}", 'StartTime=now')
+@patch
+def release(self: SlurmLauncher, job_id, timeout: float = 120, settle: float = 3) -> None:
+    "Start a requeued job now rather than after Slurm's requeue delay (once its previous run has left the nodes)."
+    t0 = time.time()
+    # Allocating the job again while a node still cleans up its previous run fails it ("Job credential revoked").
+    while time.time() - t0 < timeout:
+        busy = _slurm('sinfo', '-h', '-t', 'completing', '-o', '%N', check=False).strip()
+        if self.status(job_id).state == JobState.PENDING and not busy: break
+        time.sleep(0.5)
+    time.sleep(settle)
+    _slurm('scontrol', 'update', f"JobId={job_id}", 'StartTime=now')

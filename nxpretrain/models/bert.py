@@ -8,12 +8,12 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from ..recipes import ModelConfig, padded_vocab
+from .config import ModelConfig, padded_vocab
 from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
-from ..families import ModelFamily, register_family
+from ..families import HFAdapter, ModelFamily, register_family
 
 # %% auto #0
-__all__ = ['BERT_FAMILY', 'bert_block', 'Bert']
+__all__ = ['BERT_HF', 'BERT_FAMILY', 'bert_block', 'Bert', 'bert_to_hf_config', 'bert_from_hf_config']
 
 # %% ../../nbs/api/24_bert.ipynb #da820203
 def bert_block(cfg: ModelConfig) -> TransformerBlock:
@@ -64,8 +64,69 @@ class Bert(LanguageModel):
         return mlm, nsp
 
 # %% ../../nbs/api/24_bert.ipynb #45366b2c
+def bert_to_hf_config(cfg: ModelConfig):
+    "transformers' BertConfig of `cfg`."
+    import transformers as T
+    return T.BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.n_layers,
+                        num_attention_heads=cfg.n_heads, intermediate_size=cfg.ffn, hidden_act='gelu',
+                        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout,
+                        max_position_embeddings=cfg.positions, type_vocab_size=cfg.type_vocab_size,
+                        initializer_range=cfg.init_std, layer_norm_eps=cfg.norm_eps,
+                        tie_word_embeddings=cfg.tie_embeddings)
+
+def bert_from_hf_config(d: dict) -> ModelConfig:
+    "A BERT `ModelConfig` from BERT's config.json (sequence 512 at most)."
+    return ModelConfig(arch='bert', n_layers=d['num_hidden_layers'], hidden=d['hidden_size'],
+                       n_heads=d['num_attention_heads'], ffn_hidden=d['intermediate_size'], vocab_size=d['vocab_size'],
+                       seq_len=min(512, d['max_position_embeddings']), max_position=d['max_position_embeddings'],
+                       type_vocab_size=d.get('type_vocab_size', 2), tie_embeddings=d.get('tie_word_embeddings', True),
+                       norm_eps=d.get('layer_norm_eps', 1e-12), init_std=d.get('initializer_range', 0.02))
+
+_LN = ('weight', 'bias')
+BERT_HF = HFAdapter(
+    'BertForPreTraining',
+    'bert',
+    bert_to_hf_config,
+    bert_from_hf_config,
+    (
+        ('tok_embeddings.weight', 'bert.embeddings.word_embeddings.weight', 'vocab'),
+        ('pos_embeddings.weight', 'bert.embeddings.position_embeddings.weight', ''),
+        ('type_embeddings.weight', 'bert.embeddings.token_type_embeddings.weight', ''),
+        *[(f'embedding_norm.{p}', f'bert.embeddings.LayerNorm.{p}', '') for p in _LN],
+        *[
+            (f'layers.{{i}}.{a}.{p}', f'bert.encoder.layer.{{i}}.{b}.{p}', '')
+            for a, b in [
+                ('attention.wq', 'attention.self.query'),
+                ('attention.wk', 'attention.self.key'),
+                ('attention.wv', 'attention.self.value'),
+                ('attention.wo', 'attention.output.dense'),
+                ('attention_norm', 'attention.output.LayerNorm'),
+                ('mlp.w1', 'intermediate.dense'),
+                ('mlp.w2', 'output.dense'),
+                ('ffn_norm', 'output.LayerNorm'),
+            ]
+            for p in _LN
+        ],
+        *[
+            (f'{a}.{p}', f'{b}.{p}', '')
+            for a, b in [
+                ('mlm_dense', 'cls.predictions.transform.dense'),
+                ('mlm_norm', 'cls.predictions.transform.LayerNorm'),
+                ('pooler', 'bert.pooler.dense'),
+                ('nsp_head', 'cls.seq_relationship'),
+            ]
+            for p in _LN
+        ],
+        ('output.weight', 'cls.predictions.decoder.weight', 'vocab'),
+        ('output.bias', 'cls.predictions.decoder.bias', 'vocab'),
+    ),
+    aliases={'cls.predictions.decoder.bias': ('cls.predictions.bias',)},
+    ignored=r'(position_ids|cls\.predictions\.bias)$',
+)
+
+# %% ../../nbs/api/24_bert.ipynb #5e5055e3
 BERT_FAMILY = register_family(ModelFamily(
-    name='bert', module='nxpretrain.models.bert:Bert', objective='mlm_nsp', layouts=('tp', 'fsdp', 'zero1'),
+    name='bert', model=Bert, objective='mlm_nsp', layouts=('tp', 'fsdp', 'zero1'),
     tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
              'mlp.w1': 'colwise', 'mlp.w2': 'rowwise'},
-    rope=False, hf_architecture='BertForPreTraining', tiny=('bert_tiny', ('model.max_position=16',))))
+    rope=False, hf=BERT_HF, tiny=('bert_tiny', ('model.max_position=16',))))

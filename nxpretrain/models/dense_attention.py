@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from .blocks import SDPA
-from ..recipes import dense_attention_blocks
+from ..parallel.kernels import dense_attention_blocks
 
 # %% auto #0
 __all__ = ['causal_bias', 'DenseAttentionFunction', 'dense_attention', 'DenseAttention', 'use_dense_attention']

@@ -7,12 +7,14 @@ parallel code inside."""
 from __future__ import annotations
 import torch
 import torch.nn as nn
-from ..recipes import ModelConfig, padded_vocab
+from .config import ModelConfig, padded_vocab
 from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
-from ..families import ModelFamily, register_family
+from ..families import HFAdapter, ModelFamily, register_family
+from ..errors import RecipeError
 
 # %% auto #0
-__all__ = ['GPT_FAMILY', 'gpt_block', 'GPT']
+__all__ = ['GPT_HF_TENSORS', 'GPT_HF', 'GPT_FAMILY', 'gpt_block', 'GPT', 'gpt_to_hf_config', 'gpt_from_hf_config',
+           'gpt_hf_names', 'gpt_fused_loaders', 'gpt_fused_tensors']
 
 # %% ../../nbs/api/22_gpt.ipynb #1d4cf190
 def gpt_block(cfg: ModelConfig) -> TransformerBlock:
@@ -56,10 +58,92 @@ class GPT(LanguageModel):
         return self.output(h) if self.output is not None else h
 
 # %% ../../nbs/api/22_gpt.ipynb #bdf0b0d3
-GPT_FAMILY = register_family(ModelFamily(
-    name='gpt', module='nxpretrain.models.gpt:GPT', objective='causal_lm',
-    tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
-             'mlp.w1': 'colwise', 'mlp.w2': 'rowwise'},
-    rope=False, hf_architecture='GPT2LMHeadModel', hf_tied_head='lm_head.weight', nxdt_source='megatron',
-    nxdt_example='megatron_gpt_config',
-    tiny=('gpt3_tiny', ())))
+def gpt_to_hf_config(cfg: ModelConfig):
+    "transformers' GPT2Config of `cfg`."
+    import transformers as T
+    return T.GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.positions, n_embd=cfg.hidden, n_layer=cfg.n_layers,
+                        n_head=cfg.n_heads, n_inner=cfg.ffn, activation_function='gelu', resid_pdrop=cfg.dropout,
+                        embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout, layer_norm_epsilon=cfg.norm_eps,
+                        initializer_range=cfg.init_std, tie_word_embeddings=cfg.tie_embeddings,
+                        bos_token_id=cfg.vocab_size - 1, eos_token_id=cfg.vocab_size - 1)
+
+def gpt_from_hf_config(d: dict) -> ModelConfig:
+    "A GPT `ModelConfig` from GPT-2's config.json."
+    if d.get('activation_function', 'gelu_new') not in ('gelu', 'gelu_new', 'gelu_pytorch_tanh'):
+        raise RecipeError(f"HF config activation_function={d['activation_function']!r}: nxpretrain's GPT uses GELU")
+    return ModelConfig(arch='gpt', n_layers=d['n_layer'], hidden=d['n_embd'], n_heads=d['n_head'],
+                       ffn_hidden=d.get('n_inner'), vocab_size=d['vocab_size'], seq_len=d['n_positions'],
+                       max_position=d['n_positions'], tie_embeddings=d.get('tie_word_embeddings', True),
+                       norm_eps=d.get('layer_norm_epsilon', 1e-5), init_std=d.get('initializer_range', 0.02))
+
+_LN = ('weight', 'bias')
+GPT_HF_TENSORS = (
+    ('tok_embeddings.weight', 'transformer.wte.weight', 'vocab'),
+    ('pos_embeddings.weight', 'transformer.wpe.weight', ''),
+    *[
+        (f'layers.{{i}}.{a}.{p}', f'transformer.h.{{i}}.{b}.{p}', t)
+        for a, b, t in [
+            ('attention_norm', 'ln_1', ''),
+            ('ffn_norm', 'ln_2', ''),
+            ('attention.wo', 'attn.c_proj', 'T'),
+            ('mlp.w1', 'mlp.c_fc', 'T'),
+            ('mlp.w2', 'mlp.c_proj', 'T'),
+        ]
+        for p in _LN
+    ],
+    *[(f'norm.{p}', f'transformer.ln_f.{p}', '') for p in _LN],
+    ('output.weight', 'lm_head.weight', 'vocab'),
+)
+
+# %% ../../nbs/api/22_gpt.ipynb #372f8aa1
+def gpt_hf_names(keys) -> dict:
+    "The names GPT's table uses → the names as saved (a GPT2Model is saved without `transformer.` and its head)."
+    keys = list(keys)
+    if 'wte.weight' in keys and 'transformer.wte.weight' not in keys:
+        return {('' if k.startswith('lm_head') else 'transformer.') + k: k for k in keys}
+    return {k: k for k in keys}
+
+def gpt_fused_loaders(cfg: ModelConfig, need) -> dict:
+    "Our wq, wk, wv (weights and biases) of every layer from GPT-2's fused, transposed `c_attn`."
+    out, H = {}, cfg.hidden
+    for i in range(cfg.n_layers):
+        w, b = need(f'transformer.h.{i}.attn.c_attn.weight'), need(f'transformer.h.{i}.attn.c_attn.bias')
+        for j, proj in enumerate(('wq', 'wk', 'wv')):
+            out[f'layers.{i}.attention.{proj}.weight'] = lambda take, w=w, j=j: take(w)[:, j * H:(j + 1) * H].t()
+            out[f'layers.{i}.attention.{proj}.bias'] = lambda take, b=b, j=j: take(b)[j * H:(j + 1) * H]
+    return out
+
+def gpt_fused_tensors(cfg: ModelConfig, take):
+    "GPT-2's fused `c_attn` (HF name, tensor) of every layer, from our wq, wk, wv."
+    for i in range(cfg.n_layers):
+        a = f'layers.{i}.attention'
+        weight = torch.cat([take(f'{a}.{n}.weight') for n in ('wq', 'wk', 'wv')]).t().contiguous()
+        yield f'transformer.h.{i}.attn.c_attn.weight', weight
+        yield f'transformer.h.{i}.attn.c_attn.bias', torch.cat([take(f'{a}.{n}.bias') for n in ('wq', 'wk', 'wv')])
+
+GPT_HF = HFAdapter('GPT2LMHeadModel', 'gpt2', gpt_to_hf_config, gpt_from_hf_config, GPT_HF_TENSORS,
+                   tied_head='lm_head.weight', ignored=r'\.attn\.(masked_)?bias$', hf_names=gpt_hf_names,
+                   fused_loaders=gpt_fused_loaders, fused_tensors=gpt_fused_tensors)
+
+# %% ../../nbs/api/22_gpt.ipynb #4c2e0b1d
+GPT_FAMILY = register_family(
+    ModelFamily(
+        name='gpt',
+        model=GPT,
+        objective='causal_lm',
+        tp_plan={
+            'attention.wq': 'colwise',
+            'attention.wk': 'colwise',
+            'attention.wv': 'colwise',
+            'attention.wo': 'rowwise',
+            'mlp.w1': 'colwise',
+            'mlp.w2': 'rowwise',
+        },
+        rope=False,
+        hf=GPT_HF,
+        nxdt_source='megatron',
+        nxdt_example='megatron_gpt_config',
+        megatron_script='pretrain_gpt.py',
+        tiny=('gpt3_tiny', ()),
+    )
+)

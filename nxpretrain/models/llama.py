@@ -7,13 +7,14 @@ grouped-query attention."""
 from __future__ import annotations
 import torch
 import torch.nn as nn
-from ..recipes import ModelConfig, padded_vocab
+from .config import ModelConfig, padded_vocab
 from .blocks import (Attention, SwiGLU, RMSNorm, TransformerBlock, LanguageModel, rope_inv_freq,
                                       rope_cos_sin, count_parameters)
-from ..families import ModelFamily, register_family
+from ..families import HFAdapter, ModelFamily, register_family
+from ..errors import RecipeError
 
 # %% auto #0
-__all__ = ['LLAMA_FAMILY', 'llama_block', 'Llama']
+__all__ = ['LLAMA_HF', 'LLAMA_FAMILY', 'llama_block', 'Llama', 'llama_to_hf_config', 'llama_from_hf_config']
 
 # %% ../../nbs/api/23_llama.ipynb #c100cd69
 def llama_block(cfg: ModelConfig) -> TransformerBlock:
@@ -48,9 +49,55 @@ class Llama(LanguageModel):
         return self.output(h) if self.output is not None else h
 
 # %% ../../nbs/api/23_llama.ipynb #1c900841
+def llama_to_hf_config(cfg: ModelConfig):
+    "transformers' LlamaConfig of `cfg`."
+    import inspect, transformers as T
+    s = cfg.rope_scaling
+    max_pos = max(cfg.positions, int(s['original_max_position'] * s['factor'])) if s else cfg.positions
+    kw = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, intermediate_size=cfg.ffn,
+              num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
+              max_position_embeddings=max_pos, rms_norm_eps=cfg.norm_eps, initializer_range=cfg.init_std,
+              tie_word_embeddings=cfg.tie_embeddings, attention_dropout=cfg.dropout, bos_token_id=None,
+              eos_token_id=None)
+    scaling = s and dict(rope_type='llama3', factor=s['factor'], low_freq_factor=s['low_freq_factor'],
+                         high_freq_factor=s['high_freq_factor'],
+                         original_max_position_embeddings=s['original_max_position'])
+    if 'rope_parameters' in inspect.signature(T.LlamaConfig.__init__).parameters:
+        kw['rope_parameters'] = dict(scaling or dict(rope_type='default'), rope_theta=cfg.rope_theta)
+    else: kw.update(rope_theta=cfg.rope_theta, rope_scaling=scaling)
+    return T.LlamaConfig(**kw)
+
+def llama_from_hf_config(d: dict) -> ModelConfig:
+    "A Llama `ModelConfig` from Llama's config.json (default RoPE or Llama 3's scaling)."
+    rp = d.get('rope_parameters') or dict(d.get('rope_scaling') or {}, rope_theta=d.get('rope_theta', 10000.0))
+    kind, scaling = rp.get('rope_type', rp.get('type', 'default')), None
+    if kind == 'llama3':
+        scaling = dict(factor=rp['factor'], low_freq_factor=rp['low_freq_factor'],
+                       high_freq_factor=rp['high_freq_factor'],
+                       original_max_position=rp['original_max_position_embeddings'])
+    elif kind != 'default':
+        raise RecipeError(f"HF config rope type {kind!r}: only default and llama3 RoPE are supported")
+    return ModelConfig(arch='llama', n_layers=d['num_hidden_layers'], hidden=d['hidden_size'],
+                       n_heads=d['num_attention_heads'], n_kv_heads=d.get('num_key_value_heads'),
+                       ffn_hidden=d['intermediate_size'], vocab_size=d['vocab_size'],
+                       seq_len=d['max_position_embeddings'], rope_theta=float(rp['rope_theta']), rope_scaling=scaling,
+                       tie_embeddings=d.get('tie_word_embeddings', False), norm_eps=d.get('rms_norm_eps', 1e-6),
+                       init_std=d.get('initializer_range', 0.02))
+
+LLAMA_HF = HFAdapter('LlamaForCausalLM', 'llama', llama_to_hf_config, llama_from_hf_config, (
+    ('tok_embeddings.weight', 'model.embed_tokens.weight', 'vocab'),
+    *[(f'layers.{{i}}.{a}.weight', f'model.layers.{{i}}.{b}.weight', '')
+      for a, b in [('attention.wq', 'self_attn.q_proj'), ('attention.wk', 'self_attn.k_proj'),
+                   ('attention.wv', 'self_attn.v_proj'), ('attention.wo', 'self_attn.o_proj'),
+                   ('mlp.w1', 'mlp.gate_proj'), ('mlp.w3', 'mlp.up_proj'), ('mlp.w2', 'mlp.down_proj'),
+                   ('attention_norm', 'input_layernorm'), ('ffn_norm', 'post_attention_layernorm')]],
+    ('norm.weight', 'model.norm.weight', ''), ('output.weight', 'lm_head.weight', 'vocab')),
+    tied_head='lm_head.weight', ignored=r'rotary_emb\.inv_freq$')
+
+# %% ../../nbs/api/23_llama.ipynb #43b4cc32
 LLAMA_FAMILY = register_family(ModelFamily(
-    name='llama', module='nxpretrain.models.llama:Llama', objective='causal_lm',
+    name='llama', model=Llama, objective='causal_lm',
     tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
              'mlp.w1': 'colwise', 'mlp.w3': 'colwise', 'mlp.w2': 'rowwise'},
-    rope=True, norm_keeps=2, hf_architecture='LlamaForCausalLM', nxdt_source='hf', nxdt_example='hf_llama3_70B_config',
+    rope=True, norm_keeps=2, hf=LLAMA_HF, nxdt_source='hf', nxdt_example='hf_llama3_70B_config',
     tiny=('llama3_tiny', ('model.ffn_hidden=64', 'model.n_kv_heads=2'))))

@@ -7,7 +7,7 @@ shape, its compiled code kept in a cache on shared storage so that only the firs
 from __future__ import annotations
 import os
 from pathlib import Path
-from ..recipes import Recipe
+from ..config import Recipe
 
 # %% auto #0
 __all__ = ['DEFAULT_COMPILE_CACHE', 'compile_blocks', 'compile_cache_dir', 'use_compile_cache', 'compile_counts',

@@ -5,7 +5,7 @@
 # %% ../../nbs/api/34b_pipeline.ipynb #154121d0
 from __future__ import annotations
 import torch.nn as nn
-from ..recipes import RecipeError
+from ..errors import RecipeError
 
 # %% auto #0
 __all__ = ['pipeline_stages', 'split_stage', 'build_schedule', 'forward_only']

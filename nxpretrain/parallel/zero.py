@@ -99,6 +99,7 @@ def partition_params(params: list, n: int) -> list[int]:
         load[r] += local(params[i]).numel()
     return owner
 
+# %% ../../nbs/api/33_zero.ipynb #75749824
 class Zero1Optimizer(torch.optim.Optimizer):
     """Wrap optimizer class `optim_cls` so that its state is sharded over `group` (ZeRO stage 1). `params`: tensors or
     groups."""
@@ -119,55 +120,63 @@ class Zero1Optimizer(torch.optim.Optimizer):
             if set_to_none: p.grad = None
             elif p.grad is not None: p.grad.zero_()
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        for mine, outer in zip(self.inner.param_groups, self.param_groups):  # follow schedulers' changes to lr etc.
-            mine.update({k: v for k, v in outer.items() if k != 'params'})
-        self.inner.step()
-        if self.n > 1:
-            for r in range(self.n):
-                owned = [local(p) for p, o in zip(self.all_params, self.owner) if o == r]
-                if not owned: continue
-                src = dist.get_global_rank(self.group, r)
-                for b in _buckets(owned, 25.0):
-                    flat = (
-                        _flatten_dense_tensors(b)
-                        if r == self.rank
-                        else torch.empty(sum(t.numel() for t in b), dtype=b[0].dtype)
-                    )
-                    dist.broadcast(flat, src=src, group=self.group)
-                    if r != self.rank:
-                        for t, f in zip(b, _unflatten_dense_tensors(flat, b)): t.copy_(f)
-
     def state_dict(self): return self.inner.state_dict()
     def load_state_dict(self, sd): self.inner.load_state_dict(sd)
 
-    def flat_state_dict(self, module: torch.nn.Module) -> dict:
-        """The state of the parameters this rank owns, flattened and keyed by `module`'s parameter names the way
-        `torch.distributed.checkpoint.state_dict` flattens an optimizer ('state.<name>.<key>',
-        'param_groups.<name>.<key>'), so DCP saves and reshards it like any optimizer's. Before the first step a
-        no-op step (lr 0, zero gradients) creates the state, as the template a load fills in."""
-        names = {id(p): n for n, p in module.named_parameters()}
-        owned = [p for p, o in zip(self.all_params, self.owner) if o == self.rank]
-        if owned and not self.inner.state:
-            lrs = [g['lr'] for g in self.inner.param_groups]
-            for g in self.inner.param_groups: g['lr'] = 0.0
-            for p in owned: p.grad = torch.zeros_like(p)
-            self.inner.step()
-            for g, lr in zip(self.inner.param_groups, lrs): g['lr'] = lr
-            for p in owned: p.grad = None
-        out = {f'state.{names[id(p)]}.{k}': v for p in owned for k, v in self.inner.state[p].items()}
-        for g, inner in zip(self.param_groups, self.inner.param_groups):   # the inner group has every hyperparameter
-            hyper = {k: v for k, v in {**inner, **g}.items() if k != 'params'}
-            out.update({f'param_groups.{names[id(p)]}.{k}': v for p in g['params'] for k, v in hyper.items()})
-        return out
+# %% ../../nbs/api/33_zero.ipynb #56089af6
+@patch
+@torch.no_grad()
+def step(self: Zero1Optimizer, closure=None):
+    for mine, outer in zip(self.inner.param_groups, self.param_groups):  # follow schedulers' changes to lr etc.
+        mine.update({k: v for k, v in outer.items() if k != 'params'})
+    self.inner.step()
+    if self.n > 1:
+        for r in range(self.n):
+            owned = [local(p) for p, o in zip(self.all_params, self.owner) if o == r]
+            if not owned: continue
+            src = dist.get_global_rank(self.group, r)
+            for b in _buckets(owned, 25.0):
+                flat = (
+                    _flatten_dense_tensors(b)
+                    if r == self.rank
+                    else torch.empty(sum(t.numel() for t in b), dtype=b[0].dtype)
+                )
+                dist.broadcast(flat, src=src, group=self.group)
+                if r != self.rank:
+                    for t, f in zip(b, _unflatten_dense_tensors(flat, b)): t.copy_(f)
 
-    def load_flat_state_dict(self, sd: dict, module: torch.nn.Module):
-        """Take the hyperparameters of `sd` (a `flat_state_dict` that DCP filled); its state tensors were loaded in
-        place."""
-        names = {id(p): n for n, p in module.named_parameters()}
-        for g in self.param_groups:
-            g.update({k: sd[f'param_groups.{names[id(g["params"][0])]}.{k}'] for k in g if k != 'params'})
+# %% ../../nbs/api/33_zero.ipynb #ac004462
+@patch
+def flat_state_dict(self: Zero1Optimizer, module: torch.nn.Module) -> dict:
+    """The state of the parameters this rank owns, flattened and keyed by `module`'s parameter names the way
+    `torch.distributed.checkpoint.state_dict` flattens an optimizer ('state.<name>.<key>',
+    'param_groups.<name>.<key>'), so DCP saves and reshards it like any optimizer's. Before the first step a
+    no-op step (lr 0, zero gradients) creates the state, as the template a load fills in."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    owned = [p for p, o in zip(self.all_params, self.owner) if o == self.rank]
+    if owned and not self.inner.state:
+        lrs = [g['lr'] for g in self.inner.param_groups]
+        for g in self.inner.param_groups: g['lr'] = 0.0
+        for p in owned: p.grad = torch.zeros_like(p)
+        self.inner.step()
+        for g, lr in zip(self.inner.param_groups, lrs): g['lr'] = lr
+        for p in owned: p.grad = None
+    out = {f'state.{names[id(p)]}.{k}': v for p in owned for k, v in self.inner.state[p].items()}
+    for g, inner in zip(self.param_groups, self.inner.param_groups):   # the inner group has every hyperparameter
+        hyper = {k: v for k, v in {**inner, **g}.items() if k != 'params'}
+        out.update({f'param_groups.{names[id(p)]}.{k}': v for p in g['params'] for k, v in hyper.items()})
+    return out
+
+@patch
+def load_flat_state_dict(self: Zero1Optimizer, sd: dict, module: torch.nn.Module):
+    """Take the hyperparameters of `sd` (a `flat_state_dict` that DCP filled); its state tensors were loaded in
+    place."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    for g in self.param_groups:
+        g.update({k: sd[f'param_groups.{names[id(g["params"][0])]}.{k}'] for k in g if k != 'params'})
+
+
+
 
 # %% ../../nbs/api/33_zero.ipynb #0d55cdeb
 ELEMENTWISE = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)   # optimizers whose update is per element

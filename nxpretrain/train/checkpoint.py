@@ -5,18 +5,19 @@ run pickle code, keep-last-K and fall-back to the previous good checkpoint."""
 
 # %% ../../nbs/api/41_checkpoint.ipynb #6d14d4d4
 from __future__ import annotations
-import contextlib, io, json, os, pickle, shutil, threading, time, warnings
+import contextlib, errno, io, json, os, pickle, shutil, threading, time, warnings
 from dataclasses import dataclass, asdict
 from pathlib import Path
 import crc32c
 from ..errors import CheckpointError
 from ..data.indexed import file_crc32c
+from .disk import free_bytes, size_text
 
 # %% auto #0
-__all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'step_dir', 'checkpoint_step', 'write_atomic', 'verify_checkpoint',
-           'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world', 'quiet_dcp', 'barrier',
-           'broadcast_object', 'rng_state', 'set_rng_state', 'Checkpointer', 'ChecksummedFile', 'shard_writer',
-           'load_weights', 'TrainState', 'TrainingStateDict']
+__all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'step_dir', 'checkpoint_step', 'write_atomic', 'failed_write',
+           'save_failed', 'verify_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world',
+           'quiet_dcp', 'barrier', 'broadcast_object', 'rng_state', 'set_rng_state', 'Checkpointer', 'ChecksummedFile',
+           'shard_writer', 'saved_name', 'saved_state', 'read_saved', 'load_weights', 'TrainState', 'TrainingStateDict']
 
 # %% ../../nbs/api/41_checkpoint.ipynb #c7ee9ec9
 MARKER = 'COMPLETE'              # written last: its presence means every shard is on disk
@@ -44,6 +45,21 @@ def write_atomic(path, text: str):
     fd = os.open(path.parent, os.O_RDONLY)
     try: os.fsync(fd)
     finally: os.close(fd)
+
+# %% ../../nbs/api/41_checkpoint.ipynb #f236a230
+def failed_write(e: BaseException) -> BaseException:
+    "The error behind a failed save: the first rank's when DCP gathered them (`CheckpointException`), else `e`."
+    failures = getattr(e, 'failures', None)
+    return failures[min(failures)][0] if isinstance(failures, dict) and failures else e
+
+def save_failed(d: Path, e: OSError) -> CheckpointError:
+    "The one line for a save into folder `d` that failed with `e`."
+    advice = ''
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        advice = f" ({size_text(free_bytes(d))} free); free space or set trainer.out_dir to a larger disk"
+    cause = f"{e.strerror}{advice}" if e.strerror else str(e)
+    return CheckpointError(f"{d}: saving the checkpoint failed: {cause}; the folder stays partial (no {MARKER} "
+                           "marker) and the next start resumes from the newest complete checkpoint")
 
 # %% ../../nbs/api/41_checkpoint.ipynb #63b56795
 def verify_checkpoint(path, deep: bool = True) -> dict:
@@ -191,12 +207,17 @@ class ChecksummedFile(io.RawIOBase):
         super().__init__()
         self.fd, self.size, self.crc, self._small = (os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 0, 0,
                                                      bytearray())
+        self.error = None   # the OSError of a failed write: torch.save reports it as its own RuntimeError
     def writable(self): return True
     def tell(self): return self.size
     def fileno(self): return self.fd
     def _out(self, view):
         done = 0
-        while done < len(view): done += os.write(self.fd, view[done:])
+        try:
+            while done < len(view): done += os.write(self.fd, view[done:])
+        except OSError as e:
+            self.error = self.error or e
+            raise
         self.crc = crc32c.crc32c(view, self.crc)
     def write(self, b) -> int:
         view = memoryview(b).cast('B')
@@ -252,6 +273,9 @@ def shard_writer(path):
                                                    storage_data=_StorageInfo(name, offset, f.tell() - offset)))
                 f.sync()
                 self.files = {name: [f.size, f.crc]}
+            except RuntimeError:
+                if f.error is None: raise
+                raise f.error from None   # the write's own error ('No space left on device'), not torch's echo of it
             finally: f.close()
             fut = Future()
             fut.set_result(results)
@@ -323,47 +347,66 @@ from fastcore.basics import patch
 @patch
 def save(self: Checkpointer, step: int, state: dict, trainer_state: dict, planner=None) -> Path:
     """Save DCP `state` (e.g. `{'model': ..., 'optim': ...}`) and JSON `trainer_state` as `step_<step>`; `planner`: a
-    DCP save planner (one that makes each tensor when it is written lets `state` hold meta tensors)."""
-    import torch.distributed.checkpoint as dcp
-    from safetensors.torch import save_file
+    DCP save planner (one that makes each tensor when it is written lets `state` hold meta tensors). A write that
+    fails (a full disk, any `OSError`) raises one line, `save_failed`; the folder stays partial."""
     t0 = time.perf_counter()
     self.wait()
     barrier()
-    d, r, n = step_dir(self.root, step), rank(), world()
+    d = step_dir(self.root, step)
     if (d / MARKER).exists(): return d  # this step is already saved (a signal right after a scheduled save)
+    try:
+        self._open(d, trainer_state)
+        if self.async_save: self._write_in_background(d, state, planner)
+        else: self._write(d, state, planner)
+    except BaseException as e:
+        if not isinstance(failed_write(e), OSError): raise
+        raise save_failed(d, failed_write(e)) from e
+    self.last_saved = d
+    self.blocked_s.append(time.perf_counter() - t0)
+    return d
+
+@patch
+def _open(self: Checkpointer, d: Path, trainer_state: dict):
+    "Rank 0 makes the folder `d` and writes the trainer state; then every rank writes its RNG state."
+    from safetensors.torch import save as safetensors_bytes
+    r = rank()
     if r == 0:
         if d.exists(): shutil.rmtree(d)  # left by a killed save of the same step
         d.mkdir(parents=True)
         write_atomic(d / TRAINER_STATE, json.dumps(trainer_state, indent=1))
     barrier()
-    save_file(rng_state(), str(rng := d / f'rng_rank{r}.safetensors'))
-    with open(rng, 'rb') as f: os.fsync(f.fileno())   # on disk before the marker names it
-    def write(state, pg=None):
-        writer = shard_writer(d)
-        with quiet_dcp():
-            dcp.save(state, storage_writer=writer, planner=planner, process_group=pg, no_dist=_dist() is None)
-        _report_rank_files(d, r, writer.files)
-        if r == 0:
-            _finish(d, n, self.timeout_s)
-            if self.on_complete is not None: self.on_complete(d)   # before pruning: the folder stays while it is read
-            self._pruning = threading.Thread(target=_prune, args=(self.root, self.keep_last, self.log),
-                                             name='checkpoint-prune', daemon=True)
-            self._pruning.start()
-    if self.async_save:
-        staged = self._staged_event = threading.Event()
-        def background():
-            try:
-                self._staged = _stage(state, self._staged)
-                staged.set()
-                write(self._staged, self._pg)
-            except BaseException as e: self._error = e
-            finally: staged.set()
-        self._thread = threading.Thread(target=background, name=f'checkpoint-{step}', daemon=True)
-        self._thread.start()
-    else: write(state)
-    self.last_saved = d
-    self.blocked_s.append(time.perf_counter() - t0)
-    return d
+    with open(d / f'rng_rank{r}.safetensors', 'wb') as f:   # through Python, so a full disk is an OSError
+        f.write(safetensors_bytes(rng_state()))
+        f.flush()
+        os.fsync(f.fileno())   # on disk before the marker names it
+
+@patch
+def _write(self: Checkpointer, d: Path, state: dict, planner=None, pg=None):
+    "Every rank's shards and its report; then, on rank 0, the marker, the `on_complete` hook and the pruning."
+    import torch.distributed.checkpoint as dcp
+    r, writer = rank(), shard_writer(d)
+    with quiet_dcp(): dcp.save(state, storage_writer=writer, planner=planner, process_group=pg, no_dist=_dist() is None)
+    _report_rank_files(d, r, writer.files)
+    if r == 0:
+        _finish(d, world(), self.timeout_s)
+        if self.on_complete is not None: self.on_complete(d)   # before pruning: the folder stays while it is read
+        self._pruning = threading.Thread(target=_prune, args=(self.root, self.keep_last, self.log),
+                                         name='checkpoint-prune', daemon=True)
+        self._pruning.start()
+
+@patch
+def _write_in_background(self: Checkpointer, d: Path, state: dict, planner=None):
+    "Copy `state` into the staging buffers and write them in a thread; `wait` raises what went wrong."
+    staged = self._staged_event = threading.Event()
+    def background():
+        try:
+            self._staged = _stage(state, self._staged)
+            staged.set()
+            self._write(d, self._staged, planner, self._pg)
+        except BaseException as e: self._error = e
+        finally: staged.set()
+    self._thread = threading.Thread(target=background, name=f'checkpoint-{checkpoint_step(d)}', daemon=True)
+    self._thread.start()
 
 @patch
 def wait_staged(self: Checkpointer):
@@ -389,7 +432,62 @@ def wait(self: Checkpointer):
         self._pruning = None
     if self._error is not None:
         e, self._error = self._error, None
+        if isinstance(failed_write(e), OSError): raise save_failed(self.last_saved, failed_write(e)) from e
         raise CheckpointError(f"saving {self.last_saved} failed: {e}") from e
+
+# %% ../../nbs/api/41_checkpoint.ipynb #00fe3bbc
+_SECTIONS = ('', 'state.', 'param_groups.')   # a model's entry; an optimizer's state and hyperparameters of a parameter
+
+def saved_name(key: str, aliases: dict) -> str:
+    "The name flattened entry `key` is saved under: a tied parameter's entries under the name of the one it shares."
+    for tied, shared in aliases.items():
+        for section in _SECTIONS:
+            name = section + tied
+            if key == name or key.startswith(name + '.'): return section + shared + key[len(name):]
+    return key
+
+def saved_state(state: dict, aliases: dict) -> dict:
+    """Flat `state` (a model's, or a flattened optimizer's) as a checkpoint holds it: each tied parameter once, and no
+    optimizer hyperparameters."""
+    out = {}
+    for k, v in state.items():
+        if not k.startswith('param_groups.'): out.setdefault(saved_name(k, aliases), v)
+    return out
+
+# %% ../../nbs/api/41_checkpoint.ipynb #15af5b76
+def _reading_plan(state: dict, saved: set, aliases: dict) -> tuple[dict, list, list]:
+    """(view, entries, copies): the entries of nested `state` keyed as a checkpoint holding the flattened keys `saved`
+    has them; (section, key, saved key) of each, to take back what DCP replaced; (tensor, tensor it equals) pairs."""
+    view, entries, copies = {}, [], []
+    for top, section in state.items():
+        if not isinstance(section, dict):
+            view[top] = section
+            entries.append((top, None, top))
+            continue
+        v = view[top] = {}
+        for k, value in section.items():
+            name = k if f'{top}.{k}' in saved else saved_name(k, aliases)
+            if f'{top}.{name}' not in saved:
+                if k.startswith('param_groups.'): continue   # a checkpoint without hyperparameters: the recipe's stay
+                name = k                                     # nested, or missing (then DCP's error names it)
+            if name in v:
+                if v[name] is not value: copies.append((value, v[name]))
+                continue
+            v[name] = value
+            entries.append((top, k, name))
+    return view, entries, copies
+
+def read_saved(state: dict, path, aliases: dict | None = None):
+    "Fill nested DCP `state` in place from the checkpoint at `path`, each entry from the name it was saved under."
+    import torch, torch.distributed.checkpoint as dcp
+    saved = set(safe_reader(path).read_metadata().state_dict_metadata)
+    view, entries, copies = _reading_plan(state, saved, aliases or {})
+    with quiet_dcp(): dcp.load(view, storage_reader=safe_reader(path), no_dist=_dist() is None)
+    for top, k, name in entries:
+        if k is None: state[top] = view[top]
+        else: state[top][k] = view[top][name]   # tensors were filled in place; other values DCP replaced
+    with torch.no_grad():
+        for tensor, same in copies: tensor.copy_(same)
 
 # %% ../../nbs/api/41_checkpoint.ipynb #e4538645
 @patch
@@ -409,14 +507,14 @@ def find(self: Checkpointer, path=None) -> Path | None:
     return Path(chosen) if chosen else None
 
 @patch
-def load(self: Checkpointer, state: dict, path=None, rng: bool = True, verified: bool = False) -> dict | None:
+def load(self: Checkpointer, state: dict, path=None, rng: bool = True, verified: bool = False,
+         aliases: dict | None = None) -> dict | None:
     """Load DCP `state` in place; return the trainer JSON state (None: nothing to resume). `verified`: `path` came from
-    `find`."""
-    import torch.distributed.checkpoint as dcp
+    `find`; `aliases`: the model's tied names (`read_saved`)."""
     from safetensors.torch import load_file
     d = Path(path) if verified and path is not None else self.find(path)
     if d is None: return None
-    with quiet_dcp(): dcp.load(state, storage_reader=safe_reader(d), no_dist=_dist() is None)
+    read_saved(state, d, aliases)
     if rng and (f := d / f'rng_rank{rank()}.safetensors').exists(): set_rng_state(load_file(str(f)))
     self.log(f"resumed from {d}")
     return json.loads((d / TRAINER_STATE).read_text())
@@ -424,12 +522,11 @@ def load(self: Checkpointer, state: dict, path=None, rng: bool = True, verified:
 # %% ../../nbs/api/41_checkpoint.ipynb #a7684a6f
 def load_weights(model, path) -> Path:
     "Load only the model weights of the checkpoint at `path` (verified) into `model`, under any layout."
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
     d = Path(path)
     if rank() == 0: verify_checkpoint(d)
     sd = {'model': get_model_state_dict(model)}
-    with quiet_dcp(): dcp.load(sd, storage_reader=safe_reader(d), no_dist=_dist() is None)
+    read_saved(sd, d, getattr(model, 'tied_names', None))
     set_model_state_dict(model, sd['model'])
     return d
 
@@ -461,15 +558,15 @@ class TrainingStateDict:
     "The `{'model', 'optim'}` DCP state of `module` (a model, or a parallel model's `module` view) and `optimizer`."
     def __init__(self, module, optimizer):
         self.module, self.optimizer = module, optimizer
+        self.aliases = getattr(module, 'tied_names', None) or {}   # {'output.weight': 'tok_embeddings.weight'} if tied
 
     def state_dict(self, saving: bool = False) -> dict:
+        "Every entry, as a load fills it; `saving`: as a checkpoint holds it (`saved_state`)."
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
         model = get_model_state_dict(self.module, options=_flat())
         if hasattr(self.optimizer, 'flat_state_dict'): optim = self.optimizer.flat_state_dict(self.module)
         else: optim = get_optimizer_state_dict(self.module, self.optimizer, options=_flat())
-        if saving:
-            for k in [k for k in optim if '.tok_embeddings.weight' in k]:
-                optim.setdefault(k.replace('.tok_embeddings.weight', '.output.weight'), optim[k])
+        if saving: return {'model': saved_state(model, self.aliases), 'optim': saved_state(optim, self.aliases)}
         return {'model': model, 'optim': optim}
 
     def load_state_dict(self, state: dict):

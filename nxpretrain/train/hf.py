@@ -7,7 +7,9 @@ any layout; export our checkpoints to folders `transformers` loads with matching
 from __future__ import annotations
 import json
 from pathlib import Path
-from ..recipes import Recipe, ModelConfig, RecipeError, from_dict, padded_vocab
+from ..config import Recipe, from_dict
+from ..models.config import ModelConfig, padded_vocab
+from ..errors import RecipeError
 
 # %% auto #0
 __all__ = ['open_hf_folder', 'read_hf_folder', 'hf_model_config', 'import_hf', 'checkpoint_recipe',
@@ -40,23 +42,24 @@ def read_hf_folder(path) -> tuple[dict, dict]:
 # %% ../../nbs/api/45_hf.ipynb #bc592ab0
 def hf_model_config(path) -> ModelConfig:
     "Our `ModelConfig` for the HF folder at `path`."
-    from nxpretrain.models.hf import from_hf_config
+    from nxpretrain.models.hf_mapping import from_hf_config
     return from_hf_config(json.loads((Path(path) / 'config.json').read_text()))
 
 def import_hf(path, out, recipe: Recipe | None = None):
     "Write the HF model at `path` as nxpretrain checkpoint `<out>/step_0`; returns (checkpoint folder, model config)."
     import torch
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-    from nxpretrain.models.hf import from_hf_config, hf_loaders, check_hf_shapes
-    from nxpretrain.models import build_model
-    from nxpretrain.train.checkpoint import Checkpointer
-    from nxpretrain.recipes import to_dict
+    from nxpretrain.models.hf_mapping import from_hf_config, hf_loaders, check_hf_shapes
+    from nxpretrain.models.registry import build_model
+    from nxpretrain.train.checkpoint import Checkpointer, saved_state
+    from nxpretrain.config import to_dict
     config, shapes, take = open_hf_folder(path)
     cfg = recipe.model if recipe is not None else from_hf_config(config)
     V = padded_vocab(cfg)
     loaders = hf_loaders(cfg, shapes, V)
     check_hf_shapes(cfg, loaders, shapes.__getitem__, V)
-    with torch.device('meta'): template = build_model(cfg, V).state_dict()   # names, shapes and dtypes for DCP's plan
+    with torch.device('meta'): model = build_model(cfg, V)
+    template = saved_state(model.state_dict(), model.tied_names)   # names, shapes, dtypes for DCP; a tied head once
     if cfg.tie_embeddings and 'output.weight' not in loaders:
         loaders['output.weight'] = loaders['tok_embeddings.weight']
     if missing := [k for k in template if k not in loaders]:
@@ -134,19 +137,19 @@ def checkpoint_tensors(checkpoint) -> tuple[dict, callable]:
 
 # %% ../../nbs/api/45_hf.ipynb #32fc2faf
 def export_hf(checkpoint, out, recipe: Recipe | None = None, dtype=None, max_shard_gb: float = 5.0) -> Path:
-    """Write checkpoint `checkpoint` as an HF folder `out` (config.json + safetensors); `dtype` e.g. torch.bfloat16 to
-    cast."""
-    from nxpretrain.models.hf import to_hf_config, hf_tensors
-    from nxpretrain.families import family
-    r = recipe or checkpoint_recipe(checkpoint)
+    """Write checkpoint `checkpoint` (nxpretrain's, or another engine's: Megatron-LM's torch_dist) as an HF folder `out`
+    (config.json + safetensors); `dtype` e.g. torch.bfloat16 to cast."""
+    from nxpretrain.models.hf_mapping import to_hf_config, hf_tensors
+    from nxpretrain.models.registry import family
+    from nxpretrain.launch.engine import engine_for_checkpoint
+    r, names, take = engine_for_checkpoint(checkpoint).read_checkpoint(checkpoint, recipe)
     fam = family(r.model.arch)
-    meta, take = checkpoint_tensors(checkpoint)
-    tensors = ((k, v if dtype is None else v.to(dtype)) for k, v in hf_tensors(r.model, take, meta.__contains__)
-               if not (k == fam.hf_tied_head and r.model.tie_embeddings))  # transformers re-ties it from the embedding
+    tensors = ((k, v if dtype is None else v.to(dtype)) for k, v in hf_tensors(r.model, take, set(names).__contains__)
+               if not (k == fam.hf.tied_head and r.model.tie_embeddings))  # transformers re-ties it from the embedding
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     hf_cfg = to_hf_config(r.model)
-    hf_cfg.architectures = [fam.hf_architecture]
+    hf_cfg.architectures = [fam.hf.architecture]
     if dtype is not None: hf_cfg.torch_dtype = str(dtype).removeprefix('torch.')
     hf_cfg.to_json_file(str(out / 'config.json'))
     _write_safetensors(tensors, out, int(max_shard_gb * 2**30))

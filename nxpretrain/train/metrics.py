@@ -7,6 +7,7 @@ TensorBoard scalars, and when bf16 pays on a CPU."""
 from __future__ import annotations
 import math, time
 from pathlib import Path
+from ..progress import in_kernel, live_progress
 
 # %% auto #0
 __all__ = ['METRICS', 'progress_postfix', 'ProgressView', 'Progress', 'Scalars', 'cpu_bf16_ok']
@@ -57,28 +58,21 @@ class ProgressView:
                 f'style="width:16em"></progress> <code>{html.escape(repr(self))}</code></div>')
 
 # %% ../../nbs/api/42_metrics.ipynb #03068a06
-def _in_kernel() -> bool:
-    "True inside a Jupyter kernel (JupyterLab, papermill), where displays can be replaced in place."
-    try: from IPython import get_ipython
-    except ImportError: return False
-    ip = get_ipython()
-    return ip is not None and getattr(ip, 'kernel', None) is not None
-
-# %% ../../nbs/api/42_metrics.ipynb #9f7d0fa9
 class Progress:
-    """Training progress on rank 0 (silent elsewhere): a line replaced in place in a notebook, a tqdm line in a terminal
-    or a job log. The trainer's own log line every `log_every` steps comes on top."""
+    """Training progress on rank 0 (silent elsewhere): a line replaced in place in a notebook, a tqdm line in a
+    terminal, nothing in a file, a pipe or a job log, where the trainer's line every `log_every` steps is the
+    progress."""
     def __init__(self, total: int, initial: int = 0, enabled: bool = True, file=None, tokens_per_step: int = 0,
-                 every_s: float = 0.5):
+                 every_s: float = 0.5, live: bool | None = None):   # live: a tqdm line on `file`; None: `live_progress`
         self.total, self.initial, self.tokens_per_step, self.every_s = total, initial, tokens_per_step, every_s
         self.losses: list[float] = []
         self.bar = self.view = None
         self.t0, self.shown = time.perf_counter(), 0.0
         if not enabled: return
-        if file is None and _in_kernel():
+        if file is None and in_kernel():
             from IPython.display import display
             self.view = display(self.state(initial, math.nan), display_id=True)
-        else:
+        elif live if live is not None else live_progress(file):
             from tqdm import tqdm
             self.bar = tqdm(total=total, initial=initial, dynamic_ncols=False, file=file, mininterval=0.5)
 

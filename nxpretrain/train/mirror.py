@@ -6,7 +6,7 @@ and a mirrored checkpoint fetched back, checked, to resume from."""
 # %% ../../nbs/api/46_mirror.ipynb #25d847b1
 from __future__ import annotations
 from pathlib import Path
-from ..recipes import RecipeError
+from ..errors import RecipeError
 from .checkpoint import MARKER, CheckpointError, verify_checkpoint
 
 # %% auto #0

@@ -7,7 +7,7 @@ linear decay to `min_lr`."""
 from __future__ import annotations
 import math
 import torch
-from ..recipes import OptimConfig
+from ..config import OptimConfig
 
 # %% auto #0
 __all__ = ['lr_at', 'Lamb', 'optimizer_spec']

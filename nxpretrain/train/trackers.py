@@ -7,7 +7,8 @@
 from __future__ import annotations
 import json, os, struct, time, zlib
 from pathlib import Path
-from ..recipes import Recipe, TRACKERS, to_dict
+from ..config import Recipe, to_dict
+from ..validate import TRACKERS
 from .metrics import METRICS, Scalars
 
 # %% auto #0

@@ -9,9 +9,12 @@ from __future__ import annotations
 import json, math, os, signal, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
-from ..recipes import Recipe, RecipeError, padded_vocab, validate, to_dict
-from ..errors import EXIT_REQUEUE, TrainingError
-from ..families import family
+from ..config import Recipe, to_dict
+from ..errors import RecipeError
+from ..models.config import padded_vocab
+from ..validate import validate
+from ..errors import EXIT_REQUEUE, NxpError, TrainingError
+from ..models.registry import family
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'SyntheticTokens',
@@ -151,7 +154,7 @@ class StopFlag:
 def precision_for_device(recipe: Recipe, device, log=print) -> Recipe:
     "`recipe`, with fp32 instead of bf16 on a CPU that has no native bf16."
     from nxpretrain.train.metrics import cpu_bf16_ok
-    from nxpretrain.recipes import override
+    from nxpretrain.config import override
     if recipe.parallel.precision != 'bf16' or device.type != 'cpu' or cpu_bf16_ok(): return recipe
     log("parallel.precision=bf16 but this CPU has no native bf16 (avx512_bf16/amx): training in fp32")
     return override(recipe, 'parallel.precision=fp32')
@@ -226,7 +229,7 @@ def _start(recipe: Recipe, run_dir: Path, st, log, resume_from, weights_only, as
         # _init_optim_state), which would start a fresh run's AdamW bias correction at step 2 (first update 0.74·lr).
         states = TrainingStateDict(model.module, optimizer)
         state = states.state_dict()
-        resumed = ck.load(state, path=found, verified=True)
+        resumed = ck.load(state, path=found, verified=True, aliases=states.aliases)
         states.load_state_dict(state)
     return model, optimizer, ck, resumed
 
@@ -253,7 +256,7 @@ class Trainer:
         from nxpretrain.train.checkpoint import rank, world, TrainState
         from nxpretrain.train.metrics import Progress
         from nxpretrain.train.trackers import Trackers
-        from nxpretrain.recipes import to_yaml
+        from nxpretrain.config import to_yaml
         from nxpretrain.train.allocator import keep_freed_memory
         tr = self.recipe.trainer
         if tr.threads > 0: torch.set_num_threads(tr.threads)
@@ -263,6 +266,7 @@ class Trainer:
             use_compile_cache(self.recipe)
         self.st, self.is_main, self.n_world = state, rank() == 0, world()
         self.log = _logger(self.run_dir / 'train.log' if self.is_main else None)
+        self.check_disk()
         self.recipe = precision_for_device(self.recipe, self.st.torch_device, self.log)
         if self.is_main: to_yaml(self.recipe, self.run_dir / 'recipe.yaml')
         t_model = time.perf_counter()
@@ -325,7 +329,7 @@ class Trainer:
     def log_step(self, loss: float, gnorm, lr: float, dt: float):
         "The step's line in `steps.jsonl`, the progress bar, and every `log_every` steps the seeds' line and scalars."
         from nxpretrain.perf import mfu as model_flops_utilisation, peak_tflops
-        from nxpretrain.recipes import padded_vocab
+        from nxpretrain.models.config import padded_vocab
         s, r, res = self.state, self.recipe, self.result
         self.step_time += dt
         self.win_time += dt
@@ -346,7 +350,7 @@ class Trainer:
         pn = self.model.param_norm().item()
         self.log(f"step {s.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {gnorm.item():.3f} | "
                  f"parameter_norm {pn:.2f} | tokens/s {tps:.0f} | mfu {mfu:.3f} | consumed_samples "
-                 f"{s.consumed_samples}")
+                 f"{s.consumed_samples} | s/step {self.win_time / self.win_steps:.3f}")
         self.scalars.write(s.step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps,
                            mfu=mfu, consumed_samples=s.consumed_samples, skipped_steps=s.skipped_steps)
         self.win_time, self.win_steps = 0.0, 0
@@ -376,7 +380,7 @@ class Trainer:
     def save(self, loss: float, lr: float, signalled: bool, time_due: bool):
         "A checkpoint when the policy says so (`Checkpointer.maybe_save`)."
         from nxpretrain.train.checkpoint import TrainingStateDict
-        from nxpretrain.recipes import to_dict
+        from nxpretrain.config import to_dict
         r, s, tr = self.recipe, self.state, self.recipe.trainer
         layout = dict(tp=r.parallel.tp, pp=r.parallel.pp, cp=r.parallel.cp, dp=self.st.dp)
         meta = dict(s.state_dict(), loss=loss, lr=lr, world=self.n_world, layout=layout, recipe=to_dict(r))
@@ -408,14 +412,18 @@ class Trainer:
         self.t_entry = time.perf_counter()   # process group, model and data count towards the time to the first step
         with parallel_session(self.recipe) as state, StopFlag() as stop:
             self.start(state)
-            while self.state.step < self.max_steps:
-                t0 = time.perf_counter()
-                loss, gnorm, lr, signalled, time_due = self.step(stop)
-                self.log_step(loss, gnorm, lr, time.perf_counter() - t0)
-                if self.nonfinite < MAX_NONFINITE:
-                    self.evaluate()
-                    self.save(loss, lr, signalled, time_due)
-                if self.stop(stop.signal, signalled): break
+            try:
+                while self.state.step < self.max_steps:
+                    t0 = time.perf_counter()
+                    loss, gnorm, lr, signalled, time_due = self.step(stop)
+                    self.log_step(loss, gnorm, lr, time.perf_counter() - t0)
+                    if self.nonfinite < MAX_NONFINITE:
+                        self.evaluate()
+                        self.save(loss, lr, signalled, time_due)
+                    if self.stop(stop.signal, signalled): break
+            except NxpError:
+                self.prog.close()   # the one line that ends the run (a failed save) comes on a line of its own
+                raise
             return self.finish()
 
     def finish(self) -> TrainResult:
@@ -435,6 +443,27 @@ class Trainer:
         self.scalars.close(step=res.final_step, stopped=res.stopped, exit_code=res.exit_code,
                            loss=res.losses[-1] if res.losses else None, tokens_per_s=round(res.tokens_per_s, 1))
         return res
+
+# %% ../../nbs/api/43_trainer.ipynb #552c8728
+from fastcore.basics import patch
+
+@patch
+def check_disk(self: Trainer):
+    "Stop (or warn, `trainer.low_disk=warn`) when the checkpoint folder has no room for the checkpoints of this run."
+    from nxpretrain.errors import CheckpointError
+    from nxpretrain.plan import checkpoint_bytes
+    from nxpretrain.train.checkpoint import broadcast_object
+    from nxpretrain.train.disk import checkpoints_held, room_for_checkpoints
+    tr = self.recipe.trainer
+    if not (tr.save_every or tr.save_every_minutes): return
+    problem = None
+    if self.is_main:
+        held = checkpoints_held(tr.keep_last, tr.save_every, self.max_steps)
+        problem = room_for_checkpoints(self.run_dir / 'checkpoints', checkpoint_bytes(self.recipe), held)
+    problem = broadcast_object(problem)   # every rank stops, or none
+    if problem is None: return
+    if tr.low_disk == 'stop': raise CheckpointError(f"{problem}, or set trainer.low_disk=warn to start anyway")
+    self.log(f"warning: {problem} (trainer.low_disk=warn: starting anyway)")
 
 # %% ../../nbs/api/43_trainer.ipynb #d0ee4f28
 def train(

@@ -10,7 +10,10 @@ import json, math, os, sys, time
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from ..recipes import Recipe, RecipeError, padded_vocab, get_recipe, to_yaml
+from ..config import Recipe, to_yaml
+from ..errors import RecipeError
+from ..models.config import padded_vocab
+from ..recipes import get_recipe
 
 # %% auto #0
 __all__ = ['DPSums', 'dp_device', 'build_dp_model', 'train_dp', 'main']
@@ -58,7 +61,7 @@ def dp_device(xla: bool | None = None) -> tuple:
 # %% ../../nbs/api/47_xla.ipynb #ad0511a9
 def build_dp_model(recipe: Recipe, device) -> tuple:
     "(model on `device`, fp32 master parameters or None) of `recipe`, initialised from `trainer.seed`."
-    from nxpretrain.models import build_model
+    from nxpretrain.models.registry import build_model
     from nxpretrain.parallel.init import init_parts
     with torch.device('meta'):
         model = build_model(recipe.model, padded_vocab(recipe.model, 1))
