@@ -36,6 +36,10 @@ __all__ = ['DP_WAIT', 'ParallelModel', 'param_groups', 'parallelize', 'attach_sc
 # %% ../../nbs/api/34_engine.ipynb #313b7edc
 DP_WAIT = 'dp_grad_wait'   # profiler label of the time a step waits for DP gradient sums (exposed communication)
 
+def _rows(tensors: dict, rows: slice) -> dict:
+    "Each of `tensors` (batch-first) cut to `rows`: a micro-batch's targets or inputs."
+    return {k: v[rows] for k, v in tensors.items()}
+
 class ParallelModel:
     "This rank's parts of a model under a recipe's layout, and the steps a trainer runs on them."
     def __init__(self, parts: list, recipe: Recipe, state: ParallelState, stage_ids: list, n_stages: int = 1,
@@ -47,7 +51,8 @@ class ParallelModel:
         self.n_stages = n_stages
         self.tied_local_shape = tied_local_shape  # the tied embedding's local shard, for middle pipeline stages
         self.ignore_index = IGNORE_INDEX
-        self.loss = StepLoss(IGNORE_INDEX)        # the step's loss function, counts set per step
+        self.objective = family(recipe.model.arch).objective   # the family's batches, loss and metrics
+        self.loss = StepLoss(IGNORE_INDEX, objective=self.objective)   # the step's loss function, counts set per step
         self.schedule = None                      # the pipeline schedule when pp > 1
         self.grad_reducer = None                  # sums DP gradients during backward (`overlap_reducer`)
 
@@ -124,26 +129,26 @@ class ParallelModel:
             self.grad_reducer = OverlappedGradReducer(params, self.dp_cp_group)
         return self.grad_reducer
 
-    def _check_inputs(self, tokens, nsp_labels, inputs):
+    def _check_inputs(self, tokens, targets, inputs):
         mb = self.recipe.data.micro_batch
         if tokens.shape[0] % mb:
             raise ValueError(f"batch of {tokens.shape[0]} sequences is not a multiple of data.micro_batch={mb}")
-        if (nsp_labels is not None or inputs) and self.schedule is not None:
-            raise ValueError("extra model inputs (BERT) need pp=1")
+        if (targets or inputs) and self.schedule is not None:
+            raise ValueError(f"{self.objective.name}'s further model inputs and loss targets need pp=1")
 
     def forward_backward(
-        self, tokens, labels, nsp_labels=None, counts: LossCounts | None = None, **inputs
+        self, tokens, labels, targets: dict | None = None, counts: LossCounts | None = None, **inputs
     ) -> torch.Tensor:
         """Forward and backward over this DP rank's batch (B_dp, S); gradients end up reduced; returns the global mean
-        loss (a float64 scalar). BERT also takes `nsp_labels` (B_dp,) and inputs `token_types`, `attention_mask`
-        (B_dp, S)."""
-        self._check_inputs(tokens, nsp_labels, inputs)
+        loss (a float64 scalar). `targets` and `inputs` are the objective's further loss targets and model inputs
+        (BERT's `nsp_labels`; `token_types`, `attention_mask`), batch-first like `tokens`."""
+        self._check_inputs(tokens, targets, inputs)
         self.loss.counts = counts or self.loss_counts(labels)
         st = self.state
         tokens, labels = cp_shard(tokens, st.cp, st.rank('cp')), cp_shard(labels, st.cp, st.rank('cp'))
         with self.autocast():
             if self.schedule is not None: total = self._pipeline_step(tokens, labels)
-            else: total = self._micro_batch_steps(tokens, labels, nsp_labels, inputs)
+            else: total = self._micro_batch_steps(tokens, labels, targets or {}, inputs)
         self.reduce_grads()
         return self._sum_over_ranks(total)
 
@@ -152,7 +157,7 @@ class ParallelModel:
         self.schedule.step(*([tokens] if self.first else []), target=labels if self.last else None, losses=losses)
         return sum((local_value(l) for l in losses), torch.zeros((), dtype=torch.float64))
 
-    def _micro_batch_steps(self, tokens, labels, nsp_labels, inputs) -> torch.Tensor:
+    def _micro_batch_steps(self, tokens, labels, targets, inputs) -> torch.Tensor:
         model, mb = self.parts[0], self.recipe.data.micro_batch
         n_mb = tokens.shape[0] // mb
         total = torch.zeros((), dtype=torch.float64)
@@ -160,8 +165,8 @@ class ParallelModel:
             sl = slice(i * mb, (i + 1) * mb)
             if self.fsdp: model.set_requires_gradient_sync(i == n_mb - 1)
             if i == n_mb - 1 and (reducer := self.overlap_reducer()) is not None: reducer.arm()
-            out = model(tokens[sl], **{k: v[sl] for k, v in inputs.items()})
-            loss = self.loss(out, labels[sl], None if nsp_labels is None else nsp_labels[sl])
+            out = model(tokens[sl], **_rows(inputs, sl))
+            loss = self.loss(out, labels[sl], _rows(targets, sl))
             loss.backward()
             total += local_value(loss)
         return total
@@ -173,17 +178,17 @@ class ParallelModel:
         return value
 
     @torch.no_grad()
-    def evaluate_sums(self, tokens, labels, nsp_labels=None, **inputs) -> torch.Tensor:
-        """(Σ token loss, predicted tokens, Σ NSP loss, NSP correct, sequences) in float64 over this step's batch of
+    def evaluate_sums(self, tokens, labels, targets: dict | None = None, **inputs) -> torch.Tensor:
+        """(Σ token loss, predicted tokens, then the objective's `eval_sums`) in float64 over this step's batch of
         every DP rank (this rank's part: (B_dp, S)), forward only; the same tensor on every rank."""
-        self._check_inputs(tokens, nsp_labels, inputs)
+        self._check_inputs(tokens, targets, inputs)
         st = self.state
         tokens, labels = cp_shard(tokens, st.cp, st.rank('cp')), cp_shard(labels, st.cp, st.rank('cp'))
-        sums = torch.zeros(5, dtype=torch.float64)
+        sums = torch.zeros(2 + self.objective.eval_sum_count, dtype=torch.float64)
         self.loss.counts = LossCounts()   # the loss function returns sums
         with self.autocast():
             if self.schedule is not None: sums[0] = self._pipeline_sums(tokens, labels)
-            else: sums += self._micro_batch_sums(tokens, labels, nsp_labels, inputs)
+            else: sums += self._micro_batch_sums(tokens, labels, targets or {}, inputs)
         sums[1] = (labels != self.ignore_index).sum()   # summed over the DP and CP ranks of the last stage below
         return self._sum_over_ranks(sums)
 
@@ -193,18 +198,14 @@ class ParallelModel:
                      losses=losses)
         return sum((local_value(l) for l in losses), torch.zeros((), dtype=torch.float64))
 
-    def _micro_batch_sums(self, tokens, labels, nsp_labels, inputs) -> torch.Tensor:
-        mb, sums = self.recipe.data.micro_batch, torch.zeros(5, dtype=torch.float64)
+    def _micro_batch_sums(self, tokens, labels, targets, inputs) -> torch.Tensor:
+        mb, sums = self.recipe.data.micro_batch, torch.zeros(2 + self.objective.eval_sum_count, dtype=torch.float64)
         for i in range(tokens.shape[0] // mb):
             sl = slice(i * mb, (i + 1) * mb)
-            out = self.parts[0](tokens[sl], **{k: v[sl] for k, v in inputs.items()})
-            lm = out[0] if isinstance(out, tuple) else out
+            out = self.parts[0](tokens[sl], **_rows(inputs, sl))
+            lm = self.objective.lm_output(out)
             sums[0] += local_value(lm_loss_sum(lm, labels[sl], self.ignore_index, self.loss.head))
-            if nsp_labels is None: continue
-            nsp = out[1].full_tensor() if isinstance(out[1], DTensor) else out[1]
-            sums[2] += F.cross_entropy(nsp.float(), nsp_labels[sl], reduction='sum').double()
-            sums[3] += (nsp.argmax(-1) == nsp_labels[sl]).sum()
-            sums[4] += len(nsp)
+            for j, value in enumerate(self.objective.eval_sums(out, _rows(targets, sl)), 2): sums[j] += float(value)
         return sums
 
     def tied_param(self):

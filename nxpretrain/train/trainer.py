@@ -15,6 +15,7 @@ from ..models.config import padded_vocab
 from ..validate import validate
 from ..errors import EXIT_REQUEUE, NxpError, TrainingError
 from ..models.registry import family
+from ..objective import Objective, CAUSAL_LM
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'SyntheticTokens',
@@ -61,25 +62,12 @@ def one_rank_first(fn):
     return out
 
 # %% ../../nbs/api/43_trainer.ipynb #3b3b5f5c
-def _bert_datasets(recipe: Recipe, data_root: str):
-    "BERT MLM + NSP datasets: the seed's HDF5 shards as they are, or samples made from the indexed corpus."
-    from nxpretrain.data.blocks import bert_hdf5_shards, bert_special_ids, build_bert_datasets
-    from nxpretrain.data.prepare import ensure_dataset
-    from nxpretrain.data.tokenizers import get_tokenizer
-    d, m = recipe.data, recipe.model
-    from nxpretrain.data.archive import BERT_HDF5_TARS, bert_hdf5_folder
-    # the seed's data by name
-    corpus = str(bert_hdf5_folder(d.corpus, data_root)) if d.corpus in BERT_HDF5_TARS else d.corpus
-    if bert_hdf5_shards(corpus): return build_bert_datasets(corpus, m.seq_len, d.split, recipe.trainer.seed)
-    special = bert_special_ids(get_tokenizer(d.tokenizer, data_root), m.vocab_size)   # before the corpus is tokenised
-    prefix = ensure_dataset(d, root=data_root, vocab_size=m.vocab_size)
-    return build_bert_datasets(prefix, m.seq_len, d.split, recipe.trainer.seed, special, m.vocab_size)
-
 def build_datasets(recipe: Recipe, num_samples: int, data_root: str = 'runs/data'):
-    "(train, valid, test) datasets for `recipe`: items `{'tokens', 'labels'}`, or BERT's (see `model_inputs`)."
+    """(train, valid, test) datasets for `recipe`: items `{'tokens', 'labels'}`, or those of the family's objective
+    where it reads its own (BERT's, see `MlmNsp.split`)."""
     if recipe.data.corpus == 'synthetic': return synthetic_datasets(recipe, num_samples)
-    if family(recipe.model.arch).objective == 'mlm_nsp':
-        return one_rank_first(lambda: _bert_datasets(recipe, data_root))
+    objective = family(recipe.model.arch).objective
+    if objective.datasets is not None: return one_rank_first(lambda: objective.datasets(recipe, data_root))
     from nxpretrain.data.prepare import ensure_dataset
     from nxpretrain.data.gpt_dataset import build_gpt_datasets
     def build():
@@ -110,14 +98,13 @@ def concat(batches) -> dict:
     batches = list(batches)
     return {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
 
-def model_inputs(batch: dict, device=None) -> tuple:
-    """(tokens, labels, NSP labels or None, other model inputs) of a batch: GPT/Llama items `{'tokens', 'labels'}`, or
-    BERT's `{'input_ids', 'labels', 'token_type_ids', 'attention_mask', 'next_sentence_label'}`; moved to `device`
-    when given."""
-    to = (lambda t: t.to(device)) if device is not None else (lambda t: t)
-    if 'input_ids' not in batch: return to(batch['tokens']), to(batch['labels']), None, {}
-    return (to(batch['input_ids']), to(batch['labels']), to(batch['next_sentence_label']),
-            {'token_types': to(batch['token_type_ids']), 'attention_mask': to(batch['attention_mask'])})
+def model_inputs(batch: dict, objective: Objective = CAUSAL_LM, device=None) -> tuple:
+    """(tokens, labels, loss targets, model inputs) of a batch, as `objective` splits it (a causal LM's items
+    `{'tokens', 'labels'}`: no targets or inputs); moved to `device` when given."""
+    tokens, labels, targets, inputs = objective.split(batch)
+    if device is None: return tokens, labels, targets, inputs
+    def to(tensors: dict) -> dict: return {k: v.to(device) for k, v in tensors.items()}
+    return tokens.to(device), labels.to(device), to(targets), to(inputs)
 
 # %% ../../nbs/api/43_trainer.ipynb #7f18a535
 @dataclass
@@ -161,25 +148,23 @@ def precision_for_device(recipe: Recipe, device, log=print) -> Recipe:
 
 # %% ../../nbs/api/43_trainer.ipynb #22160d64
 def evaluate_loss(model, dataset, samples: int, dp_rank: int = 0, dp: int = 1) -> dict:
-    """{'loss', 'perplexity'} (and BERT's 'nsp_loss', 'nsp_accuracy') of the `ParallelModel` `model` on the first
-    `samples` samples of `dataset`."""
+    """{'loss', 'perplexity'} and the objective's metrics (BERT's 'nsp_loss', 'nsp_accuracy') of the `ParallelModel`
+    `model` on the first `samples` samples of `dataset`."""
     import torch
-    d, device = model.recipe.data, model.state.torch_device
+    d, device, objective = model.recipe.data, model.state.torch_device, model.objective
     chunk = d.global_batch if model.schedule is not None else d.micro_batch * dp
-    sums = torch.zeros(5, dtype=torch.float64)
+    sums = torch.zeros(2 + objective.eval_sum_count, dtype=torch.float64)
     model.eval()
     for start in range(0, samples, chunk):
         batch = concat(micro_batches(dataset, start, chunk, d.micro_batch, dp_rank, dp))
-        tokens, labels, nsp, kw = model_inputs(batch, device)
-        sums += model.evaluate_sums(tokens, labels, nsp, **kw)
+        tokens, labels, targets, inputs = model_inputs(batch, objective, device)
+        sums += model.evaluate_sums(tokens, labels, targets, **inputs)
     model.train()
-    return _eval_summary(sums)
+    return _eval_summary(sums, objective)
 
-def _eval_summary(sums) -> dict:
+def _eval_summary(sums, objective: Objective = CAUSAL_LM) -> dict:
     loss = (sums[0] / sums[1].clamp(min=1)).item()
-    out = {'loss': loss, 'perplexity': math.exp(min(loss, 50))}
-    if sums[4] > 0: out.update(nsp_loss=(sums[2] / sums[4]).item(), nsp_accuracy=(sums[3] / sums[4]).item())
-    return out
+    return {'loss': loss, 'perplexity': math.exp(min(loss, 50)), **objective.eval_metrics(sums[2:])}
 
 # %% ../../nbs/api/43_trainer.ipynb #722e0c19
 STEPS_FILE = 'steps.jsonl'
@@ -300,8 +285,8 @@ class Trainer:
         for g in self.optimizer.param_groups: g['lr'] = lr
         batches = micro_batches(self.train_ds, s.consumed_samples, d.global_batch, d.micro_batch, self.st.rank('dp'),
                                 self.st.dp)
-        tokens, labels, nsp, kw = model_inputs(concat(batches), self.st.torch_device)
-        loss = self.model.forward_backward(tokens, labels, nsp, **kw)
+        tokens, labels, targets, inputs = model_inputs(concat(batches), self.model.objective, self.st.torch_device)
+        loss = self.model.forward_backward(tokens, labels, targets, **inputs)
         gnorm = self.model.clip_grad_norm_(self.recipe.optim.clip_grad)
         time_due = self.ck.time_due(self.recipe.trainer.save_every_minutes)
         mine = loss.item() if self.is_main else 0.0   # every rank has the global loss: rank 0's goes to all
@@ -371,11 +356,11 @@ class Trainer:
         ev = evaluate_loss(self.model, self.valid_ds, tr.eval_steps * self.recipe.data.global_batch, self.st.rank('dp'),
                            self.st.dp)
         self.result.eval = ev
-        nsp = 'nsp_accuracy' in ev
+        extra = {name: ev[name] for name in self.model.objective.eval_names if name in ev}
         self.log(f"step {s.step} | validation loss {ev['loss']:.4f} | perplexity {ev['perplexity']:.2f}"
-                 + (f" | NSP loss {ev['nsp_loss']:.4f} | NSP accuracy {ev['nsp_accuracy']:.3f}" if nsp else ''))
-        extra = {'val_nsp_loss': ev['nsp_loss'], 'val_nsp_accuracy': ev['nsp_accuracy']} if nsp else {}
-        self.scalars.write(s.step, val_loss=ev['loss'], val_ppl=ev['perplexity'], **extra)
+                 + ''.join(f" | {name} {value:.4f}" for name, value in extra.items()))
+        self.scalars.write(s.step, val_loss=ev['loss'], val_ppl=ev['perplexity'],
+                           **{f'val_{name}': value for name, value in extra.items()})
 
     def save(self, loss: float, lr: float, signalled: bool, time_due: bool):
         "A checkpoint when the policy says so (`Checkpointer.maybe_save`)."

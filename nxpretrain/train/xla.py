@@ -81,7 +81,9 @@ def build_dp_model(recipe: Recipe, device) -> tuple:
 def _dp_step(model, master, optimizer, recipe, batch, sums: DPSums, device, mark_step):
     from nxpretrain.parallel.loss import LossCounts, pretraining_loss, IGNORE_INDEX
     from nxpretrain.train.trainer import model_inputs
-    tokens, labels, nsp, kw = model_inputs(batch)
+    from nxpretrain.models.registry import family
+    objective = family(recipe.model.arch).objective
+    tokens, labels, targets, inputs = model_inputs(batch, objective)
     counts = torch.tensor([float((labels != IGNORE_INDEX).sum()), float(labels.shape[0])], dtype=torch.float64)
     if sums.world > 1: dist.all_reduce(counts) if not sums.native_xla else None
     if sums.native_xla and sums.world > 1:
@@ -93,8 +95,9 @@ def _dp_step(model, master, optimizer, recipe, batch, sums: DPSums, device, mark
     total = torch.zeros((), dtype=torch.float32, device=device)
     for i in range(tokens.shape[0] // mb):
         sl = slice(i * mb, (i + 1) * mb)
-        out = model(tokens[sl].to(device), **{k: v[sl].to(device) for k, v in kw.items()})
-        loss = pretraining_loss(out, labels[sl].to(device), counts, None if nsp is None else nsp[sl].to(device))
+        out = model(tokens[sl].to(device), **{k: v[sl].to(device) for k, v in inputs.items()})
+        micro_targets = {k: v[sl].to(device) for k, v in targets.items()}
+        loss = pretraining_loss(out, labels[sl].to(device), counts, micro_targets, objective=objective)
         loss.backward()
         total = total + loss.detach().float()
     named = dict(model.named_parameters())
