@@ -5,6 +5,7 @@ TransformerEngine layer spec where TransformerEngine is installed (as NVIDIA tra
 It computes its own loss (`labels=`: its vocab-parallel cross-entropy). On a CPU, megatron-core's model runs too,
 except for three CUDA-only calls in its attention (a scratch buffer, the default causal mask, the RNG fork around a
 dropout of zero): `cpu_shims` points the first at the CPU and makes the last a no-op, and the bench passes the mask.
+Its torch_dist checkpoint save needs `cpu_save_shims` (tests/test_megatron_checkpoint.py).
 """
 import contextlib, math
 import torch
@@ -27,19 +28,28 @@ def cpu_shims():
     utils.GlobalMemoryBuffer.get_tensor = get_tensor
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
 
-def init_megatron(device: str):
-    "megatron-core's model-parallel state in the world of one that the bench has started (TP = PP = 1)."
+def cpu_save_shims():
+    """Let megatron-core's torch_dist save run on a CPU: no CUDA synchronisation, its failure flag on the CPU, and no
+    per-writer memory log where psutil is missing."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    torch.cuda.current_device = lambda: 'cpu'
+    if not filesystem_async.HAVE_PSUTIL: filesystem_async._process_memory = lambda: 0
+
+def init_megatron(device: str, tp: int = 1):
+    "megatron-core's model-parallel state in the world the caller has started (TP = `tp`, PP = 1)."
     from megatron.core import parallel_state, tensor_parallel
-    if not parallel_state.model_parallel_is_initialized(): parallel_state.initialize_model_parallel(1, 1)
+    if not parallel_state.model_parallel_is_initialized(): parallel_state.initialize_model_parallel(tp, 1)
     if device == 'cuda': tensor_parallel.model_parallel_cuda_manual_seed(0)
     else: cpu_shims()
 
-def megatron_gpt(cfg, vocab_size: int, device: str):
-    "(megatron-core GPTModel of nxpretrain's GPT config `cfg`, the name of its layer spec), on `device`, dropout 0."
+def megatron_gpt(cfg, vocab_size: int, device: str, tp: int = 1):
+    """(megatron-core GPTModel of nxpretrain's GPT config `cfg`, the name of its layer spec), on `device`, dropout 0,
+    this rank's shard at tensor-parallel `tp`."""
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.models.gpt import gpt_layer_specs as specs
-    init_megatron(device)
+    init_megatron(device, tp)
     te = device == 'cuda' and transformer_engine_available()
     cpu = device != 'cuda'
     # on a CPU its CUDA fusions are off; on a GPU megatron-core's defaults stand
@@ -55,31 +65,9 @@ def megatron_gpt(cfg, vocab_size: int, device: str):
     return model.to(device), 'TransformerEngine' if te else 'local'
 
 def megatron_state_dict(cfg, sd: dict, te: bool) -> dict:
-    "nxpretrain GPT state dict `sd` in megatron-core's names; Q, K and V interleaved per head into `linear_qkv`."
-    heads, head_dim = cfg.n_heads, cfg.hidden // cfg.n_heads
-    def qkv(q, k, v):
-        per_head = [t.reshape(heads, head_dim, *t.shape[1:]) for t in (q, k, v)]
-        return torch.stack(per_head, 1).reshape(3 * cfg.hidden, *q.shape[1:])
-    # TransformerEngine fuses each pre-norm into the linear layer after it
-    norm_in = 'self_attention.linear_qkv.layer_norm_' if te else 'input_layernorm.'
-    norm_mlp = 'mlp.linear_fc1.layer_norm_' if te else 'pre_mlp_layernorm.'
-    out = {'embedding.word_embeddings.weight': sd['tok_embeddings.weight'],
-           'embedding.position_embeddings.weight': sd['pos_embeddings.weight'],
-           'decoder.final_layernorm.weight': sd['norm.weight'],
-           'decoder.final_layernorm.bias': sd['norm.bias']}
-    if not cfg.tie_embeddings: out['output_layer.weight'] = sd['output.weight']
-    for i in range(cfg.n_layers):
-        ours, theirs = f'layers.{i}.', f'decoder.layers.{i}.'
-        for kind in ('weight', 'bias'):
-            out[theirs + norm_in + kind] = sd[ours + f'attention_norm.{kind}']
-            out[theirs + norm_mlp + kind] = sd[ours + f'ffn_norm.{kind}']
-            out[theirs + f'self_attention.linear_qkv.{kind}'] = qkv(
-                *(sd[ours + f'attention.w{x}.{kind}'] for x in 'qkv')
-            )
-            out[theirs + f'self_attention.linear_proj.{kind}'] = sd[ours + f'attention.wo.{kind}']
-            out[theirs + f'mlp.linear_fc1.{kind}'] = sd[ours + f'mlp.w1.{kind}']
-            out[theirs + f'mlp.linear_fc2.{kind}'] = sd[ours + f'mlp.w2.{kind}']
-    return out
+    "nxpretrain GPT state dict `sd` in megatron-core's names (the table the Megatron-LM checkpoint reader uses)."
+    from nxpretrain.launch import megatron_checkpoint as names
+    return names.megatron_state_dict(cfg, sd, names.TE_NORMS if te else names.LOCAL_NORMS)
 
 def load_weights(model, cfg, sd: dict, spec: str):
     "Load nxpretrain's weights `sd` into megatron-core's `model`; every tensor of either side must be used."

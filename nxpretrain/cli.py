@@ -69,6 +69,7 @@ def _recipes(a):
         line = f"{d['name']:<{w}}  {d['parameters'] / 1e9:8.3f}B  {d['nodes']:>3} × {d['profile']:<15} {d['source']}"
         print(line if len(line) <= 100 else line[:99] + '…')
 
+# %% ../nbs/api/08_cli.ipynb #03316e5a
 def _show(a):
     from nxpretrain.stages import load_recipe
     from nxpretrain.config import to_yaml, to_dict
@@ -117,6 +118,7 @@ def _trace_dict(t) -> dict:
     return dict(note=t.note, ranks=ranks,
                 comparison=[dict(item=i, planned=a, traced=b, diff=d) for i, a, b, d in t.comparison()])
 
+# %% ../nbs/api/08_cli.ipynb #edfd0a99
 def _train(a):
     from nxpretrain.stages import train_stage
     train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out, dry_run=a.dry_run, test_only=a.test_only)
@@ -171,7 +173,7 @@ def _watch(a):
     if a.nodes:                                    # each node's CPU, memory and accelerators, gathered on the nodes
         from nxpretrain.launch.nodes import node_usage, usage_table
         print(usage_table(node_usage(a.job_id)).text() + '\n', flush=True)
-    watch(a.job_id, timeout=a.timeout, widgets=False)
+    watch(a.job_id, timeout=a.timeout, widgets=False, engine=a.engine, max_steps=a.max_steps)
 
 # %% ../nbs/api/08_cli.ipynb #cc650eae
 def _evaluate(a):
@@ -197,6 +199,7 @@ def _import_hf(a):
     from nxpretrain.train.hf import import_hf
     print(import_hf(a.hf_dir, a.out)[0])
 
+# %% ../nbs/api/08_cli.ipynb #cc86d02b
 def _demo(a):
     from nxpretrain.runs import demo
     sys.exit(demo(a.model, a.out, a.name, a.max_steps))
@@ -231,6 +234,44 @@ class _Parser(argparse.ArgumentParser):
         print(f"{self.prog}: {message}; see {self.prog} --help", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
 
+# %% ../nbs/api/08_cli.ipynb #cc8e35fb
+def _job_commands(cmd):
+    "The commands about submitted jobs: jobs, tail, cancel, watch."
+    cmd('jobs', _jobs, 'the jobs of every scheduler that answers here (Slurm, this machine)', json=True)
+    p = cmd('tail', _tail, 'the end of a job log')
+    p.add_argument('job_id', help='a job id from `nxpretrain jobs` (Slurm or this machine)')
+    p.add_argument('-n', type=int, default=20, help='lines (default 20)')
+    p = cmd('cancel', _cancel, 'cancel a job (or send it a signal)')
+    p.add_argument('job_id', help='a job id from `nxpretrain jobs`')
+    p.add_argument('--signal', default=None, help='e.g. USR1 to checkpoint and requeue')
+    p = cmd('watch', _watch, 'follow the progress of a job (a job id or a log file)')
+    p.add_argument('job_id', help='a job id from `nxpretrain jobs`, or a training log file')
+    p.add_argument('--timeout', type=float, default=3600, help='seconds (default 3600)')
+    p.add_argument('--nodes', action='store_true', help="first each node's CPU, memory and GPU/NeuronCore use (srun "
+                                                        "--overlap on the job's nodes)")
+    p.add_argument('--engine', default=None, help="who wrote the log (native, nxdt, megatron); default: the job's own")
+    p.add_argument('--max-steps', type=int, default=None, help='the run length, for the ETA where the log lacks it')
+
+# %% ../nbs/api/08_cli.ipynb #8bbd3499
+def _checkpoint_commands(cmd):
+    "The commands about checkpoints: evaluate, export-hf, import-hf."
+    p = cmd('evaluate', _evaluate, 'validation perplexity of a checkpoint, and a sample', json=True)
+    p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/gpt3_tiny/checkpoints/step_300')
+    p.add_argument('--steps', type=int, default=None,
+                   help="validation batches (default: the recipe's trainer.eval_steps, as many as the trainer's own "
+                        "validation)")
+    p.add_argument('--prompt', default='', help='also sample a continuation of this text')
+    p.add_argument('--max-new-tokens', type=int, default=40, help='length of the sample in tokens (default 40)')
+    p.add_argument('--greedy', action='store_true', help="the most likely token each time (what transformers' "
+                                                         "generate gives) instead of top-50 sampling")
+    p = cmd('export-hf', _export_hf, 'write a checkpoint as a Hugging Face folder (config.json + safetensors)')
+    p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/RUN/checkpoints/step_300')
+    p.add_argument('out', help='the Hugging Face folder to write (config, weights, tokenizer, generation config)')
+    p = cmd('import-hf', _import_hf, 'turn a Hugging Face folder (safetensors) into an nxpretrain checkpoint')
+    p.add_argument('hf_dir', help='a Hugging Face model folder with config.json and safetensors weights')
+    p.add_argument('out', help='the nxpretrain checkpoint folder to write')
+
+# %% ../nbs/api/08_cli.ipynb #357626c5
 def _run_commands(cmd):
     "The commands of runs on this machine: demo, runs, lab."
     p = cmd('demo', _demo, 'train in a run folder of its own with the 04_train notebook (papermill; gpt3_tiny on this '
@@ -250,6 +291,7 @@ def _run_commands(cmd):
     p.add_argument('--no-start', action='store_true', help='print the address, the ssh line and the command; start '
                                                            'nothing')
 
+# %% ../nbs/api/08_cli.ipynb #dac7fc5e
 def _parser() -> argparse.ArgumentParser:
     ap = _Parser(prog='nxpretrain', description='From an empty Slurm cluster to LLM pretraining.',
                                  epilog='examples:\n' + '\n'.join(f"  {e}" for c in EXAMPLES for e in EXAMPLES[c][:1]),
@@ -293,39 +335,6 @@ def _parser() -> argparse.ArgumentParser:
     _checkpoint_commands(cmd)
     _run_commands(cmd)
     return ap
-
-def _job_commands(cmd):
-    "The commands about submitted jobs: jobs, tail, cancel, watch."
-    cmd('jobs', _jobs, 'the jobs of every scheduler that answers here (Slurm, this machine)', json=True)
-    p = cmd('tail', _tail, 'the end of a job log')
-    p.add_argument('job_id', help='a job id from `nxpretrain jobs` (Slurm or this machine)')
-    p.add_argument('-n', type=int, default=20, help='lines (default 20)')
-    p = cmd('cancel', _cancel, 'cancel a job (or send it a signal)')
-    p.add_argument('job_id', help='a job id from `nxpretrain jobs`')
-    p.add_argument('--signal', default=None, help='e.g. USR1 to checkpoint and requeue')
-    p = cmd('watch', _watch, 'follow the progress of a job (a job id or a log file)')
-    p.add_argument('job_id', help='a job id from `nxpretrain jobs`, or a training log file')
-    p.add_argument('--timeout', type=float, default=3600, help='seconds (default 3600)')
-    p.add_argument('--nodes', action='store_true', help="first each node's CPU, memory and GPU/NeuronCore use (srun "
-                                                        "--overlap on the job's nodes)")
-
-def _checkpoint_commands(cmd):
-    "The commands about checkpoints: evaluate, export-hf, import-hf."
-    p = cmd('evaluate', _evaluate, 'validation perplexity of a checkpoint, and a sample', json=True)
-    p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/gpt3_tiny/checkpoints/step_300')
-    p.add_argument('--steps', type=int, default=None,
-                   help="validation batches (default: the recipe's trainer.eval_steps, as many as the trainer's own "
-                        "validation)")
-    p.add_argument('--prompt', default='', help='also sample a continuation of this text')
-    p.add_argument('--max-new-tokens', type=int, default=40, help='length of the sample in tokens (default 40)')
-    p.add_argument('--greedy', action='store_true', help="the most likely token each time (what transformers' "
-                                                         "generate gives) instead of top-50 sampling")
-    p = cmd('export-hf', _export_hf, 'write a checkpoint as a Hugging Face folder (config.json + safetensors)')
-    p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/RUN/checkpoints/step_300')
-    p.add_argument('out', help='the Hugging Face folder to write (config, weights, tokenizer, generation config)')
-    p = cmd('import-hf', _import_hf, 'turn a Hugging Face folder (safetensors) into an nxpretrain checkpoint')
-    p.add_argument('hf_dir', help='a Hugging Face model folder with config.json and safetensors weights')
-    p.add_argument('out', help='the nxpretrain checkpoint folder to write')
 
 # %% ../nbs/api/08_cli.ipynb #155d1d56
 def parse_args(argv) -> argparse.Namespace:

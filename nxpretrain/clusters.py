@@ -4,11 +4,14 @@
 
 # %% ../nbs/api/01_clusters.ipynb #e28a876d
 from __future__ import annotations
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
+from importlib.resources import files
+from pathlib import Path
+import yaml
 from .errors import RecipeError
 
 # %% auto #0
-__all__ = ['PROFILES', 'ClusterProfile', 'profile', 'profiles_table']
+__all__ = ['PROFILES', 'ClusterProfile', 'clusters_file', 'load_profiles', 'profile', 'profiles_table']
 
 # %% ../nbs/api/01_clusters.ipynb #420cc149
 @dataclass(frozen=True)
@@ -39,81 +42,28 @@ class ClusterProfile:
         "The torch device type its processes train on: cpu, cuda, neuron, or xla (trn1)."
         return {'gloo': 'cpu', 'nccl': 'cuda'}.get(self.backend, self.backend)
 
-# %% ../nbs/api/01_clusters.ipynb #b49de64e
-_NEURON_ENV = {'NEURON_RT_STOCHASTIC_ROUNDING_EN': '1', 'MALLOC_ARENA_MAX': '64', 'FI_PROVIDER': 'efa',
-               'FI_EFA_USE_DEVICE_RDMA': '1', 'FI_EFA_FORK_SAFE': '1'}
-_XLA_ENV = {**_NEURON_ENV, 'XLA_USE_BF16': '1',
-            'NEURON_CC_FLAGS': '--model-type transformer --distribution-strategy=llm-training',
-            'NEURON_FUSE_SOFTMAX': '1', 'NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS': '3'}
-_EFA_NCCL_ENV = {'FI_PROVIDER': 'efa', 'FI_EFA_USE_DEVICE_RDMA': '1', 'FI_EFA_FORK_SAFE': '1', 'NCCL_DEBUG': 'WARN',
-                 'NCCL_SOCKET_IFNAME': '^lo,docker'}
-_IB_NCCL_ENV = {'NCCL_IB_PCI_RELAXED_ORDERING': '1', 'NCCL_SOCKET_IFNAME': 'eth0', 'NCCL_DEBUG': 'WARN',
-                'UCX_TLS': 'rc', 'UCX_NET_DEVICES': 'mlx5_ib0:1', 'NCCL_TOPO_FILE': '/opt/microsoft/ndv5-topo.xml'}
-# seed 1's enroot image on the shared EBS volume /apps (enroot import of the NeMo 22.09 + EFA Docker image)
-_SEED1_IMAGE = '/apps/bignlp-training_22.09-py3-bcp-nsys-2022.5.1-v2-efa.sqsh'
-_FSX, _AZ = 'FSx for Lustre (/fsx)', 'Azure Managed Lustre or NFS (/shared)'
-
 # %% ../nbs/api/01_clusters.ipynb #34757229
-PROFILES: dict[str, ClusterProfile] = {
-    p.name: p
-    for p in [
-        ClusterProfile('local', 'gloo', 1, 8, 0.4, 2, 24, notes='this machine, CPU; devices = processes',
-                       interconnect='none', storage='local disk'),
-        ClusterProfile('cpu', 'gloo', 2, 8, 0.4, 2, 24, notes='generic CPU nodes (tests, a local Slurm)',
-                       interconnect='ethernet', storage='NFS'),
-        ClusterProfile('ci', 'gloo', 1, 8, 0.4, 1, 8, notes='one process per node: the local two-node test Slurm',
-                       interconnect='ethernet', storage='local disk (shared by the namespaces)'),
-        ClusterProfile(
-            'trn1.32xlarge',
-            'xla',
-            32,
-            16,
-            95,
-            128,
-            512,
-            800,
-            env=_XLA_ENV,
-            interconnect='efa',
-            storage=_FSX,
-            notes='16 Trainium chips = 32 NeuronCores, ≈3 PFLOP/s bf16 per instance; legacy XLA: jobs run through NxD '
-                  'Training',
-        ),
-        ClusterProfile('trn1n.32xlarge', 'xla', 32, 16, 95, 128, 512, 1600, env=_XLA_ENV, interconnect='efa',
-                       storage=_FSX, notes='trn1 with 1600 Gbps EFA'),
-        ClusterProfile('trn2.48xlarge', 'neuron', 64, 24, 163, 192, 2048, 3200,
-                       env={**_NEURON_ENV, 'NEURON_LOGICAL_NC_CONFIG': '2'}, interconnect='efa', storage=_FSX, lnc=2,
-                       notes='16 Trainium2 chips, LNC 2 → 64 logical cores of 24 GiB; TorchNeuron'),
-        ClusterProfile('trn2.48xlarge-lnc1', 'neuron', 128, 12, 82, 192, 2048, 3200,
-                       env={**_NEURON_ENV, 'NEURON_LOGICAL_NC_CONFIG': '1'}, interconnect='efa', storage=_FSX, lnc=1,
-                       notes='LNC 1 → 128 cores of 12 GiB'),
-        ClusterProfile(
-            'p4de.24xlarge',
-            'nccl',
-            8,
-            80,
-            312,
-            96,
-            1152,
-            400,
-            'gpu:8',
-            _EFA_NCCL_ENV,
-            interconnect='efa',
-            storage=_FSX,
-            container=_SEED1_IMAGE,
-            container_mounts='/fsx:/fsx,/apps:/apps',
-            notes='8 × A100 80 GB, EFA, enroot/pyxis as in seed 1: its image (NeMo 22.09 + EFA) with nxpretrain '
-                  'installed into it',
-        ),
-        ClusterProfile('p5.48xlarge', 'nccl', 8, 80, 989, 192, 2048, 3200, 'gpu:8', _EFA_NCCL_ENV, interconnect='efa',
-                       storage=_FSX, notes='8 × H100 80 GB, EFA'),
-        ClusterProfile('nd_h100_v5', 'nccl', 8, 80, 989, 96, 1900, 3200, 'gpu:8', _IB_NCCL_ENV,
-                       container='pytorch.sqsh', container_mounts='/shared:/shared', interconnect='infiniband',
-                       storage=_AZ, notes='Azure Standard_ND96isr_H100_v5, InfiniBand, pyxis/enroot'),
-        ClusterProfile('nd_h200_v5', 'nccl', 8, 141, 989, 96, 1850, 3200, 'gpu:8', _IB_NCCL_ENV,
-                       container='pytorch.sqsh', container_mounts='/shared:/shared', interconnect='infiniband',
-                       storage=_AZ, notes='Azure Standard_ND96isr_H200_v5, InfiniBand, pyxis/enroot'),
-    ]
-}
+def clusters_file() -> Path:
+    "The catalog's file of cluster profiles."
+    return Path(str(files('nxpretrain') / 'catalog' / 'clusters' / 'profiles.yaml'))
+
+def _profile_of(path, name: str, values: dict) -> ClusterProfile:
+    "The profile `name` of file `path` from its `values`; a one-line error names a field it lacks or cannot have."
+    known = {f.name: f for f in fields(ClusterProfile) if f.name != 'name'}
+    required = [n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING]
+    if unknown := [k for k in values if k not in known]:
+        raise RecipeError(f"{path}: profile {name!r} has no field {unknown[0]!r}; its fields are {', '.join(known)}")
+    if missing := [k for k in required if k not in values]:
+        raise RecipeError(f"{path}: profile {name!r} lacks {', '.join(missing)}; every profile needs them")
+    return ClusterProfile(name=name, **values)
+
+def load_profiles(path=None) -> dict[str, ClusterProfile]:
+    "{name: profile} of every profile in `path` (default: the catalog's file), in the file's order."
+    path = Path(path or clusters_file())
+    profiles = yaml.safe_load(path.read_text())['profiles']
+    return {name: _profile_of(path, name, values) for name, values in profiles.items()}
+
+PROFILES: dict[str, ClusterProfile] = load_profiles()
 
 # %% ../nbs/api/01_clusters.ipynb #45f5a677
 def profile(name: str) -> ClusterProfile:

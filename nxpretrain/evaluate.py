@@ -13,14 +13,22 @@ __all__ = ['load_model', 'perplexity', 'trainer_validation', 'evaluation_table',
 
 # %% ../nbs/api/61_evaluate.ipynb #0046c7d8
 def load_model(checkpoint, recipe: Recipe | None = None):
-    "(model in eval mode, recipe) from a checkpoint folder (`checkpoints/step_<N>`)."
+    """(model in eval mode, recipe) from a checkpoint folder: nxpretrain's (`checkpoints/step_<N>`, read sharded) or
+    another engine's (Megatron-LM's `iter_NNNNNNN`, read a tensor at a time through its engine)."""
     from nxpretrain.models.registry import build_model
     from nxpretrain.models.config import padded_vocab
-    from nxpretrain.train.checkpoint import load_weights
-    from nxpretrain.train.hf import checkpoint_recipe
-    r = recipe or checkpoint_recipe(checkpoint)
+    from nxpretrain.launch.engine import engine_for_checkpoint
+    engine = engine_for_checkpoint(checkpoint)
+    if engine.name == 'native':
+        from nxpretrain.train.checkpoint import load_weights
+        from nxpretrain.train.hf import checkpoint_recipe
+        r = recipe or checkpoint_recipe(checkpoint)
+        model = build_model(r.model, padded_vocab(r.model, r.parallel.tp))
+        load_weights(model, checkpoint)
+        return model.eval(), r
+    r, names, take = engine.read_checkpoint(checkpoint, recipe)
     model = build_model(r.model, padded_vocab(r.model, r.parallel.tp))
-    load_weights(model, checkpoint)
+    model.load_state_dict({name: take(name) for name in names})
     return model.eval(), r
 
 # %% ../nbs/api/61_evaluate.ipynb #78ac00fc
@@ -51,7 +59,7 @@ def trainer_validation(checkpoint) -> dict | None:
     from nxpretrain.train.checkpoint import checkpoint_step
     from nxpretrain.train.hf import checkpoint_recipe
     step, log = checkpoint_step(checkpoint), Path(checkpoint).parent.parent / 'train.log'
-    if step is None or not log.exists(): return None
+    if step is None or not log.exists(): return None        # another engine's checkpoint, or no log beside it
     found = re.findall(rf'step {step} \| validation loss ([\d.]+) \| perplexity ([\d.]+)', log.read_text())
     if not found: return None
     return dict(step=step, loss=float(found[-1][0]), perplexity=float(found[-1][1]),

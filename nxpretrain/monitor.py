@@ -28,11 +28,12 @@ def events(run_dir) -> 'pd.DataFrame':
         for tag in ea.Tags()['scalars']: rows += [(e.step, tag, e.value, e.wall_time) for e in ea.Scalars(tag)]
     return pd.DataFrame(rows, columns=['step', 'tag', 'value', 'wall_time'])
 
-def scalars(run_dir) -> 'pd.DataFrame':
-    "Wide table: one row per step, one column per metric (names of `METRICS`)."
+def scalars(run_dir, tags: dict | None = None) -> 'pd.DataFrame':
+    """Wide table: one row per step, one column per metric: our names (`METRICS`) for the tags `tags` maps them to (an
+    engine's `tb_tags`; default nxpretrain's own), other tags as they are."""
     ev = events(run_dir)
     if ev.empty: return ev
-    names = {v: k for k, v in METRICS.items()}
+    names = {v: k for k, v in (tags or METRICS).items()}
     ev = ev.sort_values('wall_time').drop_duplicates(['step', 'tag'], keep='last')
     return ev.pivot(index='step', columns='tag', values='value').rename(columns=names).rename_axis(columns=None)
 
@@ -46,10 +47,10 @@ def steps(run_dir) -> 'pd.DataFrame':
     return df.drop_duplicates('step', keep='last').set_index('step') if len(df) else df
 
 # %% ../nbs/api/60_monitor.ipynb #eea89719
-def plot_run(run_dir, figsize=(13, 3.4)):
-    "Loss, learning-rate and throughput panels of a run; returns the matplotlib figure."
+def plot_run(run_dir, figsize=(13, 3.4), tags: dict | None = None):
+    "Loss, learning-rate and throughput panels of a run (its engine's `tags`); returns the matplotlib figure."
     import matplotlib.pyplot as plt
-    sc = scalars(run_dir)
+    sc = scalars(run_dir, tags)
     fig, (a, b, c) = plt.subplots(1, 3, figsize=figsize)
     if 'loss' in sc: a.plot(sc.index, sc['loss'], label='train', lw=1)
     if 'val_loss' in sc:
@@ -110,15 +111,34 @@ def job_status(job_id, run_dir=None) -> 'JobStatus':
     return s
 
 # %% ../nbs/api/60_monitor.ipynb #ff1e3ec2
-def progress(run_dir, max_steps: int | None = None, log: str = '') -> dict:
-    """step, max_steps, loss, tokens/s and ETA (s) of the run in `run_dir`; max steps from `log`'s last `step N/M`, else
-    `max_steps`."""
+def _framework_progress(engine, log: str, recipe, max_steps: int | None) -> dict:
+    "step, max_steps, loss, tokens/s and ETA (s) from the last line of `log` that `engine` reads as progress."
     import re
+    from nxpretrain.launch.watch import run_progress
+    out = dict(step=0, max_steps=max_steps, loss=float('nan'), lr=float('nan'), tokens_per_s=float('nan'), eta_s=None)
+    rows = [r for r in map(engine.parse_progress, re.split(r'[\r\n]', log or '')) if r]
+    if not rows: return out
+    last = run_progress(rows[-1], max_steps)
+    out.update(step=last['step'], eta_s=last.get('remaining_s'))
+    out.update({k: last[k] for k in ('loss', 'lr') if isinstance(last.get(k), float)})
+    tokens = recipe.data.global_batch * recipe.model.seq_len     # a step
+    if last.get('s_per_step'): out['tokens_per_s'] = tokens / last['s_per_step']
+    return out
+
+def progress(run_dir, max_steps: int | None = None, log: str = '', recipe=None) -> dict:
+    """step, max_steps, loss, learning rate, tokens/s and ETA (s) of the run in `run_dir`; max steps from `log`'s last
+    `step N/M`, else `max_steps`. The job of a `recipe` that another engine runs: from its `log`, read by that
+    engine."""
+    import re
+    from nxpretrain.launch.engine import engine_of
+    if recipe is not None and (engine := engine_of(recipe)).name != 'native':
+        return _framework_progress(engine, log, recipe, max_steps or recipe.trainer.max_steps)
     st = steps(run_dir) if run_dir else None
-    out = dict(step=0, max_steps=max_steps, loss=float('nan'), tokens_per_s=float('nan'), eta_s=None)
+    out = dict(step=0, max_steps=max_steps, loss=float('nan'), lr=float('nan'), tokens_per_s=float('nan'), eta_s=None)
     if m := re.findall(r'step (\d+)/(\d+)', log or ''): out['max_steps'] = int(m[-1][1])   # what the job runs to
     if st is None or not len(st): return out
     out.update(step=int(st.index[-1]), loss=float(st['loss'].iloc[-1]))
+    if 'lr' in st: out['lr'] = float(st['lr'].iloc[-1])
     if (Path(run_dir) / 'tb').is_dir() and 'tokens_per_s' in (sc := scalars(run_dir)):
         out['tokens_per_s'] = float(sc['tokens_per_s'].dropna().iloc[-1])
     if out['max_steps'] and len(st) > 1:
@@ -132,19 +152,21 @@ def _hms(s) -> str:
     s = int(s)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
-def status_table(job_id, run_dir=None, max_steps: int | None = None, log_lines: int = 200, status=None) -> 'Table':
-    "A one-row `Table` of `job_id`: state, nodes, elapsed, step/max, loss, tokens/s, ETA (of `status` when given)."
+def status_table(job_id, run_dir=None, max_steps: int | None = None, log_lines: int = 200, status=None,
+                 recipe=None) -> 'Table':
+    """A one-row `Table` of `job_id`: state, nodes, elapsed, step/max, loss, learning rate, tokens/s, ETA (of `status`
+    when given; the run's numbers as `recipe`'s engine reads them)."""
     from nxpretrain.machine import Table
     s = status or job_status(job_id, run_dir)
-    p = progress(run_dir, max_steps, log_tail(job_id, log_lines))
+    p = progress(run_dir, max_steps, log_tail(job_id, log_lines), recipe)
     step = f"{p['step']}/{p['max_steps'] or '?'}"
     eta = '0:00:00' if s.done else _hms(p['eta_s'])
     return Table(
-        ['job', 'cluster', 'state', 'nodes', 'elapsed', 'step', 'loss', 'tokens/s', 'ETA'],
+        ['job', 'cluster', 'state', 'nodes', 'elapsed', 'step', 'loss', 'lr', 'tokens/s', 'ETA'],
         [
             [s.job_id, f"{s.scheduler}:{s.cluster}",
              f"{s.state}" + (f" ({s.reason})" if s.reason not in ('', 'None') and not s.done else ''),
-             f"{s.nodes} {s.node_list}".strip(), _hms(s.elapsed_s), step, f"{p['loss']:.4f}",
+             f"{s.nodes} {s.node_list}".strip(), _hms(s.elapsed_s), step, f"{p['loss']:.4f}", f"{p['lr']:.3g}",
              f"{p['tokens_per_s']:.0f}", eta]
         ],
     )
@@ -191,17 +213,18 @@ def show_job(job_id, run_dir=None, max_steps: int | None = None, tail: int = 20,
     return s
 
 # %% ../nbs/api/60_monitor.ipynb #d3e8e9ba
-def _job_view(job_id, run_dir, max_steps, tail, nodes=True):
-    "(status, [status table, log tail, node table, curves]) of `job_id` now."
+def _job_view(job_id, run_dir, max_steps, tail, nodes=True, recipe=None):
+    "(status, [status table, log tail, node table, curves]) of `job_id` now (`recipe`'s engine reads its files)."
     import matplotlib.pyplot as plt
+    from nxpretrain.launch.engine import get_engine, engine_of
     s = job_status(job_id, run_dir)
-    fig = None
-    if run_dir and (Path(run_dir) / 'tb').is_dir():
-        fig = plot_run(run_dir)
+    fig, engine = None, engine_of(recipe) if recipe is not None else get_engine('native')
+    if run_dir and [*Path(run_dir).glob('events.out.tfevents.*'), *Path(run_dir).glob('tb/events.out.tfevents.*')]:
+        fig = plot_run(run_dir, tags=engine.tb_tags)
         plt.close(fig)              # shown through its display id, not again at the cell's end
     log = log_tail(job_id, tail)
     # the status just read, not a second query: a job that ends in between would show two states in one view
-    table = status_table(job_id, run_dir, max_steps, status=s)
+    table = status_table(job_id, run_dir, max_steps, status=s, recipe=recipe)
     node_view = _node_view(s, job_id) if nodes else None
     node_view = _Text('') if node_view is None else node_view
     return s, [table, _Text(log or 'no log yet'), node_view, fig or _Text('no curves yet')]
@@ -211,16 +234,16 @@ class JobWatch:
     """`job_id`'s view, drawn now and redrawn in place every `every` s until the job ends: in the cell or in the
     background."""
     def __init__(self, job_id, run_dir=None, max_steps: int | None = None, every: float = 5, tail: int = 10,
-                 nodes: bool = True):
+                 nodes: bool = True, recipe=None):
         from IPython.display import DisplayHandle
-        self.job_id, self.run_dir, self.max_steps = job_id, run_dir, max_steps
+        self.job_id, self.run_dir, self.max_steps, self.recipe = job_id, run_dir, max_steps, recipe
         self.every, self.tail, self.nodes = every, tail, nodes
         self.task = None
         self.status, views = self._view()
         self.handles = [DisplayHandle() for _ in views]
         for h, v in zip(self.handles, views): h.display(v)
 
-    def _view(self): return _job_view(self.job_id, self.run_dir, self.max_steps, self.tail, self.nodes)
+    def _view(self): return _job_view(self.job_id, self.run_dir, self.max_steps, self.tail, self.nodes, self.recipe)
 
     def redraw(self):
         "Look at the job again and replace the drawn outputs; return its status."
@@ -265,11 +288,12 @@ class JobWatch:
 
 # %% ../nbs/api/60_monitor.ipynb #3322b7c0
 def follow_job(job_id, run_dir=None, max_steps: int | None = None, every: float = 5, tail: int = 10,
-               timeout: float = 7 * 86400):
-    "Show `job_id`'s view, redrawn in place every `every` s until it ends; return the final status."
-    return JobWatch(job_id, run_dir, max_steps, every, tail).follow(timeout)
+               timeout: float = 7 * 86400, recipe=None):
+    "Show `job_id`'s view (`recipe`'s engine reads it), redrawn every `every` s until it ends; return its status."
+    return JobWatch(job_id, run_dir, max_steps, every, tail, recipe=recipe).follow(timeout)
 
-def watch_job(job_id, run_dir=None, max_steps: int | None = None, every: float = 5, tail: int = 10) -> JobWatch:
+def watch_job(job_id, run_dir=None, max_steps: int | None = None, every: float = 5, tail: int = 10,
+              recipe=None) -> JobWatch:
     "Show `job_id`'s view and keep redrawing it in the background of this Jupyter kernel until it ends."
     import asyncio
     from nxpretrain.errors import LaunchError
@@ -278,4 +302,4 @@ def watch_job(job_id, run_dir=None, max_steps: int | None = None, every: float =
         raise LaunchError(
             "watch_job redraws in the background of a Jupyter kernel; outside one use follow_job"
         ) from None
-    return JobWatch(job_id, run_dir, max_steps, every, tail).start()
+    return JobWatch(job_id, run_dir, max_steps, every, tail, recipe=recipe).start()

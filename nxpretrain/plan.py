@@ -254,7 +254,8 @@ class Plan:
     problems: list = field(default_factory=list)
     advice: list = field(default_factory=list)
     step: object = None          # the step time explained (`nxpretrain.steptime.StepTime`)
-    anchors: list = field(default_factory=list)   # (a published run of this recipe, this model's seconds for its framework)
+    # (a published run of this recipe, this model's seconds for its framework)
+    anchors: list = field(default_factory=list)
 
     @property
     def fits(self): return self.memory.total / GiB <= self.device_gib
@@ -295,8 +296,9 @@ def step_rows(self: Plan) -> list[tuple[str, str]]:
     rows = [('step time', f"≈ {self.step_seconds:.3g} s with {self.engine}")]
     if self.step: rows += [(f"  {k}", v) for k, v in self.step.rows()]
     for a, modelled in self.anchors:
+        role = 'the run its fit is made from' if a.role == 'fit' else 'held out of the fit'
         rows.append(('published', f"{a.published:g} s with {a.framework} ({a.source.split(' (')[0]}); the model gives "
-                                  f"{modelled:.3g} s for {a.framework} ({modelled / a.published - 1:+.0%})"))
+                                  f"{modelled:.3g} s for {a.framework} ({modelled / a.published - 1:+.0%}, {role})"))
     return rows
 
 # %% ../nbs/api/02_plan.ipynb #bdecd339

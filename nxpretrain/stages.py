@@ -71,7 +71,8 @@ def _show_job(job, show, verb: str):
     show(Folded(f"The job {verb}: {job.script_path} ({len(str(job).splitlines())} lines)", str(job)))
     if not job.distributed and Path(job.argv[0]).is_file():
         node_script = Path(job.argv[0])
-        show(Folded(f"{node_script} (what srun runs on every node; config: {job.recipe_path})", node_script.read_text()))
+        title = f"{node_script} (what srun runs on every node; config: {job.recipe_path})"
+        show(Folded(title, node_script.read_text()))
 
 # %% ../nbs/api/07_stages.ipynb #5eff045e
 def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
@@ -94,21 +95,22 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         action, reason = 'stop', f"dry run, nothing {'submitted' if action == 'submit' else 'trained'} ({reason})"
     show(plan(r))
     print(f"\n{action}: {reason}")
-    if action == 'local':
+    if action == 'local' and r.engine == 'native':
         from nxpretrain.train.trainer import train
         return train(r, out_dir=out_dir)
     from nxpretrain.launch.engine import engine_of
     from nxpretrain.launch.launcher import get_launcher
-    where = Path(out_dir) / 'jobs' / r.name
+    where = (Path(out_dir) / 'jobs' / r.name).absolute()   # the job runs from its own folder
     # the engine's job (a framework that compiles ahead of time: compile first, 03_compile); checks the recipe against
     # the cluster and quotes every value
-    options = {'scheduler': 'local'} if action == 'torchrun' else {}
+    on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
+    options = {'scheduler': 'local'} if on_this_machine else {}
     job = engine_of(r).export(r, where, cluster or None, **options)['train']
-    if action == 'torchrun':                          # several processes on this machine: the local launcher's torchrun
+    if on_this_machine:
         from nxpretrain.launch.local import run_local
         done = run_local(job)
         if done.exit_code:
-            raise TrainingError(f"training with torchrun failed (exit {done.exit_code}); log: {done.log}")
+            raise TrainingError(f"training on this machine failed (exit {done.exit_code}); log: {done.log}")
         return job
     job_id = None
     if action == 'submit' and not test_only:          # the summary first, the script after it (folded in a notebook)

@@ -33,8 +33,8 @@ def trace_note(r: Recipe) -> str | None:
     "What a trace of `r` does not show, or None: a job of another engine is traced as nxpretrain's engine would run it."
     if r.engine == 'native': return None
     from nxpretrain.launch.engine import engine_of
-    return (f"{r.name}'s job runs on {engine_of(r).framework} (engine={r.engine}): this traces nxpretrain's engine on the "
-            "same layout (engine=native), not that run")
+    return (f"{r.name}'s job runs on {engine_of(r).framework} (engine={r.engine}): this traces nxpretrain's engine on "
+            "the same layout (engine=native), not that run")
 
 # %% ../nbs/api/36_trace.ipynb #54422275
 MESH_GROUPS = ('dp_cp', 'pp', 'dp', 'cp', 'tp')   # later names win where two dims share one group

@@ -14,7 +14,7 @@ from nxpretrain.launch.engine import engine_of
 from nxpretrain.launch.megatron import export_megatron, parse_megatron_line, TRACKER, megatron_checkpoints
 from nxpretrain.launch.megatron_contract import contract_problems, read_flags
 from nxpretrain.launch.localslurm import LocalSlurm, why_no_slurm
-from nxpretrain.launch.launcher import submit, wait, tail, log_path, status
+from nxpretrain.launch.launcher import submit, wait, tail, log_path, status, find_records
 from nxpretrain.launch.slurm import SlurmLauncher
 
 GPU_RECIPES = sorted(n for n, r in load_catalog().items() if r.engine == "megatron")
@@ -47,6 +47,7 @@ def test_every_gpu_recipe_passes_the_contract(tmp_path, name):
     assert '#SBATCH --signal=TERM@' in s and 'export CUDA_DEVICE_MAX_CONNECTIONS=1' in s
     assert f"#SBATCH --nodes={r.cluster.nodes}" in s and 'torchrun' not in s
     assert (job.out_dir / 'recipe.yaml').exists() and os.access(job.out_dir / 'rank.sh', os.X_OK)
+    assert job.engine == 'megatron'             # the job index says who reads its log and checkpoints
 
 
 def _broken(tmp_path, edit) -> list[str]:
@@ -193,6 +194,7 @@ def _wait_iteration(job, jid, n, timeout=120):
 def test_sigterm_saves_requeues_and_resumes(gpu_shaped_two_nodes, tmp_path):
     job = _local_job(tmp_path, gpu_shaped_two_nodes)
     jid = submit(job)
+    assert find_records(jid)[0]['engine'] == 'megatron'
     _wait_iteration(job, jid, 7)
     subprocess.run(['scancel', '--signal=TERM', str(jid)], check=True)     # what --signal=TERM@ sends near the limit
     wait(jid, until={'PENDING'}, timeout=120)

@@ -8,6 +8,8 @@ from nxpretrain.errors import LaunchError
 from nxpretrain.launch.launcher import find_records
 from nxpretrain import monitor
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def _record(home: Path, jid, scheduler, cluster, code=0):
     "A finished job of `cluster` in the index, with a log that names its cluster."
@@ -116,3 +118,121 @@ def test_watch_redraws_in_the_background_of_a_real_kernel(tmp_path):
     tables = [u for u in updates if 'local-live' in u]
     assert len(tables) >= 2 and 'COMPLETED' in tables[-1] and 'RUNNING' in ''.join(tables[:-1]), tables
     assert 'step 8/8 | loss 2' in ''.join(updates[-4:]), updates[-4:]
+
+
+# NxD Training's TensorBoard rows as NxDT 9169aa0 writes them with our exports' log_every_n_steps 1: the postfix's
+# names, unprefixed (NxDT src/neuronx_distributed_training/lightning_modules/model/base.py:640-654, logged on_step so no
+# `_step` suffix), `epoch` (Lightning 2.5.0 trainer/connectors/logger_connector/logger_connector.py:113) and
+# `train_step_timing` (NxDT src/neuronx_distributed_training/utils/exp_manager.py:74), one row a step at x = the
+# 0-based step (logger_connector.py:113-114)
+NXDT_TAGS = ('reduced_train_loss', 'lr', 'parameter_norm', 'gradient_norm', 'global_step', 'consumed_samples',
+             'throughput', 'throughput_peak', 'epoch', 'train_step_timing')
+
+
+def _nxdt_line(step: int, batches: int = 91) -> str:
+    "Lightning 2.5's bar as NxDT prints it after `step` steps (tqdm_progress.py:105; seconds as at 320 s a step)."
+    elapsed, left = 320 * step, 320 * (batches - step)
+    clock = lambda s: f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
+    return (f"Epoch 0:  {100 * step // batches:2d}%|▏         | {step}/{batches} [{clock(elapsed)}<{clock(left)},  "
+            f"0.00it/s, reduced_train_loss={13 - step / 10:.3f}, lr=1.5e-8, parameter_norm=5536.0, "
+            f"gradient_norm=9.810, global_step={step - 1}.000, consumed_samples={step * 1024}.0, throughput=3.200, "
+            "throughput_peak=3.200]")
+
+
+def test_an_nxdt_job_is_read_through_its_engine(tmp_path, monkeypatch):
+    "An NxDT job's log (`\\r`-separated updates) and event file, read by the monitor and `watch` through its engine."
+    import os, subprocess, sys
+    from torch.utils.tensorboard import SummaryWriter
+    from nxpretrain.launch.engine import get_engine
+    from nxpretrain.launch.watch import watch
+    from nxpretrain.recipes import get_recipe
+    monkeypatch.setenv('NXPRETRAIN_HOME', str(tmp_path))
+    run = tmp_path / 'exp' / 'llama3_70b_trn2'          # exp_manager.explicit_log_dir: the events land in it
+    with SummaryWriter(str(run)) as w:
+        for x in range(3):
+            values = (13 - (x + 1) / 10, 1.5e-8, 5536.0, 9.81, float(x), (x + 1) * 1024.0, 3.2, 3.2, 0.0, 320.0)
+            for tag, value in zip(NXDT_TAGS, values): w.add_scalar(tag, value, x)
+    sc = monitor.scalars(run, get_engine('nxdt').tb_tags)
+    assert list(sc.index) == [0, 1, 2] and sc['loss'].round(3).tolist() == [12.9, 12.8, 12.7], sc
+    assert {'grad_norm', 'parameter_norm', 'throughput', 'train_step_timing'} <= set(sc.columns)
+    log = tmp_path / 'slurm-7.out'
+    # tqdm redraws with a carriage return before each update; the 4th is still being written
+    log.write_text('[NeMo I 2025-09-12 10:00:00 exp_manager:246] Experiments will be logged at x\n' +
+                   ''.join('\r' + _nxdt_line(s) for s in (1, 2, 3)) + '\r' + _nxdt_line(4)[:60])
+    _record(tmp_path, 'local-0007', 'local', socket.gethostname())
+    rec = json.loads((tmp_path / 'jobs.jsonl').read_text())
+    rec.update(engine='nxdt', log=str(log))
+    (tmp_path / 'jobs.jsonl').write_text(json.dumps(rec) + '\n')
+    row = monitor.status_table('local-0007', run, recipe=get_recipe('llama3_70b_trn2')).rows[0]
+    assert row[5:] == ['3/10000', '12.7000', '1.5e-08', f"{3.2 * 8192:.0f}", '0:00:00'], row  # ended: no time left
+    p = monitor.progress(run, log=log.read_text(), recipe=get_recipe('llama3_70b_trn2'))
+    assert p['eta_s'] == pytest.approx(9997 * 320.0), p
+    assert watch('local-0007', timeout=2, poll=0.1).last['loss'] == 12.7           # the engine its record names
+    env = {**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1])}
+    argv = ['watch', str(log), '--engine', 'nxdt', '--max-steps', '100', '--timeout', '0.5']
+    out = subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main({argv!r})"],
+                         capture_output=True, text=True, env=env).stdout
+    assert 'step 3/100, 320.00 s/step, ETA 517.3 min | loss 12.7' in out, out
+
+
+# Megatron-LM's TensorBoard scalars at e958b2ca, x = the iteration: 'learning-rate' (training.py:1412), 'batch-size'
+# (:1423), the loss by its name, 'lm loss' (:1429), 'loss-scale' (:1435), 'grad-norm' (:1447), 'params-norm' (:1459)
+MEGATRON_TAGS = ('learning-rate', 'batch-size', 'lm loss', 'loss-scale', 'grad-norm', 'params-norm')
+
+
+def _megatron_line(it: int, total: int = 1000) -> str:
+    "The line Megatron-LM's last rank prints every --log-interval iterations (training.py:1517-1565 at e958b2ca)."
+    return (f" [2025-04-06 10:00:{it:02d}] iteration {it:8d}/{total:8d} | consumed samples: {it * 512:12d} | elapsed "
+            f"time per iteration (ms): {22800.0:.1f} | throughput per GPU (TFLOP/s/GPU): {512.3:.1f} | learning rate: "
+            f"{6e-5 * it / 2000:.6E} | global batch size: {512:5d} | lm loss: {11 - it / 10:.6E} | loss scale: "
+            f"{1.0:.1f} | grad norm: {1.234:.3f} | number of skipped iterations: {0:3d} | number of nan iterations: "
+            f"{0:3d} |")
+
+
+def test_a_megatron_job_is_read_through_its_engine(tmp_path, monkeypatch):
+    "A Megatron-LM job's log and event file in its exact formats, read by the monitor and `watch` through its engine."
+    import os, subprocess, sys
+    from torch.utils.tensorboard import SummaryWriter
+    from nxpretrain.launch.engine import get_engine
+    from nxpretrain.launch.watch import watch
+    from nxpretrain.recipes import get_recipe
+    monkeypatch.setenv('NXPRETRAIN_HOME', str(tmp_path))
+    run = tmp_path / 'gpt3_175b_gpu'                   # --tensorboard-dir is the run folder's tb/
+    with SummaryWriter(str(run / 'tb')) as w:
+        for it in (1, 2, 3):
+            for tag, value in zip(MEGATRON_TAGS, (6e-5 * it / 2000, 512.0, 11 - it / 10, 1.0, 1.234, 5536.0)):
+                w.add_scalar(tag, value, it)
+    sc = monitor.scalars(run, get_engine('megatron').tb_tags)
+    assert list(sc.index) == [1, 2, 3] and sc['loss'].round(3).tolist() == [10.9, 10.8, 10.7], sc
+    assert {'lr', 'grad_norm', 'parameter_norm', 'batch-size'} <= set(sc.columns), sc.columns
+    log = tmp_path / 'nxp-train-gpt3_175b_gpu-9.out'
+    log.write_text('\n'.join(['using world size: 128, data-parallel size: 1, context-parallel size: 1', *map(
+        _megatron_line, (1, 2, 3)), ' validation loss at iteration 3 | lm loss value: 1.070000E+01 | lm loss PPL: '
+        '4.4E+04 | ']) + '\n')
+    _record(tmp_path, 'local-0009', 'local', socket.gethostname())
+    rec = json.loads((tmp_path / 'jobs.jsonl').read_text())
+    rec.update(engine='megatron', log=str(log))
+    (tmp_path / 'jobs.jsonl').write_text(json.dumps(rec) + '\n')
+    recipe = get_recipe('gpt3_175b_gpu')
+    row = monitor.status_table('local-0009', run, recipe=recipe).rows[0]
+    tokens_per_s = 512 * 2048 / 22.8
+    assert row[5:] == ['3/250000', '10.7000', '9e-08', f"{tokens_per_s:.0f}", '0:00:00'], row   # ended: no time left
+    p = monitor.progress(run, log=log.read_text(), recipe=recipe)
+    assert p['eta_s'] == pytest.approx((250000 - 3) * 22.8), p           # to the run's end, not the line's total
+    last = watch('local-0009', timeout=2, poll=0.1).last
+    assert (last['loss'], last['lr'], last['s_per_step']) == (10.7, 9e-08, 22.8), last
+    env = {**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1])}
+    argv = ['watch', str(log), '--engine', 'megatron', '--timeout', '0.5']
+    out = subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main({argv!r})"],
+                         capture_output=True, text=True, env=env).stdout
+    assert 'step 3/1000, 22.80 s/step, ETA 378.9 min | loss 10.7, lr 9e-08' in out, out
+    # the stage notebook, as a user runs it on the head node: the job's table, its log, the framework's curves
+    nb = tmp_path / 'monitor.ipynb'
+    done = subprocess.run([sys.executable, '-m', 'papermill', str(ROOT / 'nbs/05_monitor.ipynb'), str(nb), '-k',
+                           'python3', '-p', 'model', 'gpt3_175b_gpu', '-p', 'out_dir', str(tmp_path), '-p', 'job',
+                           'local-0009', '-p', 'follow', 'True', '--no-progress-bar'],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = json.dumps(json.loads(nb.read_text())['cells'])
+    assert 'local-0009' in text and '10.7000' in text and '9e-08' in text and 'iteration        3/    1000' in text
+    assert 'image/png' in text and 'grad_norm' in text           # the curves and the numbers from its events

@@ -103,7 +103,7 @@ def test_interleaved_pipeline():
     )
 
 def test_manual_pipeline_cuts():
-    "Uneven stages, as the trn2 Llama-3 70B recipe's pp_cuts [18, 39, 60]: here layer 0 | layers 1-3."
+    "Uneven stages, as the trn2 Llama-3 70B recipe's pp_cuts [19, 40, 61]: here layer 0 | layers 1-3."
     assert_equal_to_reference(run('llama', 2, ('model.n_layers=4', 'parallel.pp=2', 'parallel.pp_cuts=[1]')))
 
 @pytest.mark.parametrize('ac', [('parallel.activation_checkpointing=full',),

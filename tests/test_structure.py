@@ -59,3 +59,10 @@ def test_notebook_imports_stand_in_cells_of_their_own():
             if any(map(_is_import, code)) and not all(map(_is_import, code)):
                 mixed.append(f"{nb.relative_to(PKG.parent)} cell {i}")
     assert not mixed, mixed
+
+
+def test_the_monitor_runs_no_scheduler_command():
+    "The monitor asks the launcher interface (status, records, logs); only launchers talk to a scheduler."
+    text = (PKG / 'monitor.py').read_text()
+    for word in ('subprocess', 'scontrol', 'sacct', 'squeue', "scheduler != 'slurm'", '._listed'):
+        assert word not in text, word

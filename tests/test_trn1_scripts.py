@@ -48,17 +48,25 @@ def exports_of(script: str) -> dict:
     return dict(re.findall(r'^export ([A-Za-z_][A-Za-z0-9_]*)=(.*)$', script, re.M))
 
 
-@pytest.fixture(scope='module')
-def run(tmp_path_factory):
-    d = tmp_path_factory.mktemp('trn1')
-    jobs = export_nxdt('llama3_70b', d / 'run', data_root=d / 'data')
+def _export(d: Path, name: str):
+    "(folder, jobs, YAML as a dict) of recipe `name` exported under `d`, its data folder in place."
+    jobs = export_nxdt(name, d / 'run', data_root=d / 'data')
     cfg = yaml.safe_load(jobs['train'].recipe_path.read_text())
     Path(cfg['data']['train_dir']).mkdir(parents=True)
     return d, jobs, cfg
 
 
+@pytest.fixture(scope='module')
+def run(tmp_path_factory): return _export(tmp_path_factory.mktemp('trn1'), 'llama3_70b')
+
+
 def _node3(d: Path, compile_: str) -> list[str]:
     "train.sh as node 3 of a 16-node Slurm job runs it, with stand-ins for scontrol, torchrun, neuron_parallel_compile."
+    return _run_node(d, compile_)[0]
+
+
+def _run_node(d: Path, compile_: str, node: str = '3', nodes: str = '16') -> tuple[list[str], str]:
+    "(the commands train.sh ran, its output) as node `node` of a Slurm job runs it, with the Neuron tools stubbed."
     bin_ = d / 'bin'
     bin_.mkdir(exist_ok=True)
     (bin_ / 'examples').mkdir(exist_ok=True)
@@ -70,10 +78,10 @@ def _node3(d: Path, compile_: str) -> list[str]:
     log = d / f'argv{compile_}'
     log.unlink(missing_ok=True)
     env = {**os.environ, 'PATH': f"{bin_}:{os.environ['PATH']}", 'ARGV_LOG': str(log),
-           'NXDT_EXAMPLES': str(bin_ / 'examples'), 'COMPILE': compile_, 'SLURM_JOB_NODELIST': 'trn-node-[1-16]',
-           'SLURM_NNODES': '16', 'SLURM_NODEID': '3', 'SLURM_JOB_ID': '77'}
-    subprocess.run([str(d / 'run/train.sh')], env=env, check=True, capture_output=True)
-    return log.read_text().splitlines()
+           'NXDT_EXAMPLES': str(bin_ / 'examples'), 'COMPILE': compile_, 'SLURM_JOB_NODELIST': f'trn-node-[1-{nodes}]',
+           'SLURM_NNODES': nodes, 'SLURM_NODEID': node, 'SLURM_JOB_ID': '77'}
+    done = subprocess.run([str(d / 'run/train.sh')], env=env, check=True, capture_output=True, text=True)
+    return log.read_text().splitlines(), done.stdout
 
 
 def test_train_sh_environment_is_nxdts(run):
@@ -189,3 +197,60 @@ def test_bert_torchrun_and_compile_are_seed3s(bert):
     assert f"srun neuron_parallel_compile {d / 'run/run_xla.sh'}" in jobs['compile'].script
     assert 'neuron_parallel_compile' not in jobs['train'].script and '#SBATCH --exclusive' in jobs['train'].script
     assert '#SBATCH --nodes=16' in jobs['compile'].script
+
+
+# seed 4 on trn2 (seed:150-152, 177-182, 242-247; NxDT examples/conf/hf_llama3_70B_trn2_config.yaml:6-8): 8 nodes of
+# 64 ranks at LNC 2, the same train.sh and train_setup.sh as trn1 (NxDT sets no LNC variable or flag: trn2.md §4)
+TRN2_TORCHRUN = [('--nproc_per_node', '64', NXDT + "train.sh:10-11,16 (trainer.devices: 64)"),
+                 ('--nnodes', '8', 'seed 4: sbatch --nodes 8 on trn2'), ('--node_rank', '3', NXDT + 'train.sh:16')]
+# our one addition: the runtime's LNC said out loud, equal to trainer.lnc (2 is the trn2 runtime's default anyway;
+# the -lnc1 profile needs 1 there, as compiler and runtime LNC must match: Neuron docs, Logical NeuronCore config)
+TRN2_ENV = [('NEURON_LOGICAL_NC_CONFIG', '2', 'nxpretrain: trainer.lnc of the trn2.48xlarge profile')]
+
+
+@pytest.fixture(scope='module')
+def trn2(tmp_path_factory): return _export(tmp_path_factory.mktemp('trn2'), 'llama3_70b_trn2')
+
+
+def test_trn2_scripts_are_seed4s(trn2):
+    d, jobs, cfg = trn2
+    exported = exports_of((d / 'run/train.sh').read_text())
+    want = {**{k: v for k, v, _ in NXDT_ENV}, **{k: v for k, v, _ in TRN2_ENV}}
+    want['NEURON_COMPILE_CACHE_URL'] = '${NEURON_COMPILE_CACHE_URL:-' + cfg['compiler_cache_url'] + '}'
+    assert exported == want
+    for var, source in LEFT_TO_NXDT: assert var not in exported, (var, source)
+    argv = next(l for l in _run_node(d, '0', nodes='8')[0] if l.startswith('torchrun')).split()
+    for arg, value, source in TRN2_TORCHRUN: assert argv[argv.index(arg) + 1] == value, (arg, source, argv)
+    assert _run_node(d, '1', nodes='8')[0][0] == 'neuron_parallel_compile'      # as on trn1: NXDT train.sh:19-22
+    for job in jobs.values():
+        for line in ('#SBATCH --nodes=8', '#SBATCH --cpus-per-task=128', '#SBATCH --exclusive'):
+            assert line in job.script.splitlines(), (line, 'seed 4: sbatch --exclusive --nodes 8 --cpus-per-task 128')
+
+
+def _tags(ckpt: Path, steps_done: dict) -> None:
+    "Checkpoint tag folders of NxD's form, oldest first; a step mapped to True got its `done` marker."
+    for step, done in steps_done.items():
+        tag = ckpt / f"llama3_70b--step={step}-consumed_samples={step * 1024}.0.ckpt"
+        (tag / 'model').mkdir(parents=True)
+        (tag / 'checkpoint').write_text('1')
+        if done: (tag / 'done').write_text('1')
+
+
+def test_train_sh_removes_checkpoints_nxd_never_finished(run):
+    """NxDT resumes from the newest *.ckpt folder by time, `done` or not (NxDT utils/exp_manager.py:370-385, NxD
+    trainer/checkpoint.py:190-195 writes `done` last): before a training run node 0 removes the unfinished ones, says
+    so in one line, and the engine counts and requeues on whole ones only."""
+    from nxpretrain.launch.engine import get_engine
+    from nxpretrain.recipes import get_recipe
+    d, jobs, cfg = run
+    engine, log_dir = get_engine('nxdt'), Path(cfg['exp_manager']['explicit_log_dir'])
+    tag = lambda step: f"llama3_70b--step={step}-consumed_samples={step * 1024}.0.ckpt"
+    _tags(log_dir / 'checkpoints', {10: True, 20: False, 30: False})
+    assert 'removed' not in _run_node(d, '1', node='0')[1]      # a compile run saves nothing and removes nothing
+    assert 'removed' not in _run_node(d, '0', node='3')[1]      # only the first node removes
+    assert engine.checkpoints(log_dir) == [log_dir / 'checkpoints' / tag(10)]      # the engine counts whole ones only
+    said = [l for l in _run_node(d, '0', node='0')[1].splitlines() if 'removed' in l]
+    assert said == [f"nxpretrain: removed 2 checkpoint(s) NxD never marked done: {tag(20)} {tag(30)}"]
+    assert sorted(p.name for p in (log_dir / 'checkpoints').iterdir()) == [tag(10)]
+    assert engine.requeue(log_dir, get_recipe('llama3_70b'))                       # step 10 of 30000: go on
+    assert not engine.requeue(log_dir, get_recipe('llama3_70b', 'trainer.max_steps=10'))

@@ -26,7 +26,8 @@ def layout_recipe(r, tp, pp, cp, dp, sp, vpp, kind):
                  f'parallel.sequence_parallel={str(sp).lower()}', f'parallel.virtual_pp={vpp}',
                  f"parallel.pp_schedule={'interleaved' if vpp > 1 else '1f1b'}",
                  f"parallel.fsdp={str(kind == 'fsdp').lower()}", f"parallel.zero1={str(kind == 'zero1').lower()}",
-                 'parallel.kv_replicator=1', 'parallel.dp=-1', 'cluster.profile=local', 'cluster.nodes=1']
+                 'parallel.kv_replicator=1', 'parallel.dp=-1', 'cluster.profile=local', 'cluster.nodes=1',
+                 'engine=native']
     if r.parallel.pp_cuts: overrides.append('parallel.pp_cuts=[]')
     return override(r, *overrides), world
 

@@ -573,8 +573,11 @@ def readme(check: bool) -> None:
     if not index.exists(): fail(f'{index.relative_to(ROOT)} is missing: it is the source of README.md')
     text = readme_text(index)
     if check:
-        if not dest.exists() or dest.read_text() != text:
-            fail('README.md differs from nbs/index.ipynb: run `python tools/docs.py readme` and commit both')
+        have = dest.read_text().splitlines() if dest.exists() else []
+        if have != text.splitlines():
+            line = next((i for i, (a, b) in enumerate(zip(have, text.splitlines())) if a != b), len(have))
+            fail(f'README.md differs from nbs/index.ipynb from line {line + 1}: run `python tools/docs.py readme` and '
+                 'commit both')
         return print('docs: README.md matches nbs/index.ipynb')
     dest.write_text(text)
     print(f'docs: wrote README.md from {index.relative_to(ROOT)}')

@@ -6,7 +6,9 @@
 
 The checkout is the one the job runs (`git archive e958b2ca | tar -x`, or the fetch tool's snapshot): its code runs
 here, in this process, and is never copied into nxpretrain. Prints `ok: …` and exits 0, or the first error in one line
-and exits 1. CPU only: the one GPU query on the way (`get_device_arch_version`) answers Hopper (9)."""
+and exits 1. CPU only: the one GPU query on the way (`get_device_arch_version`) answers Hopper (9). Commits from
+mid-2025 on (878d65f, which seed 2's set-up script checks out) decorate triton kernels when they are imported: there,
+`pip install triton` first (it imports without a GPU)."""
 import os, sys, time
 from pathlib import Path
 

@@ -1,26 +1,63 @@
-"""Print NxD Training's example configs as flat {dotted key: value} literals, for nxpretrain.launch.nxdt_contract.
+"""Write NxD Training's example configs as data files of nxpretrain's NxDT contract: one YAML file per example that
+`nxpretrain/launch/contracts/nxdt.yaml` names (`example_for`), with its flat dotted keys as Hydra reads them, the line
+of each key, and the repository, commit and path it was read from.
 
-Usage: python tools/nxdt_examples.py GIT_DIR_OF_NXDT [COMMIT]
+Usage: python tools/nxdt_examples.py GIT_DIR_OF_NXDT [COMMIT]   (COMMIT defaults to the contract's `commit`)
+
+`fetch github:aws-neuron/neuronx-distributed-training` gives a GIT_DIR. Facts only: values, not NxDT's code.
 """
-import pprint, subprocess, sys
+import subprocess, sys
+from pathlib import Path
+import yaml
 from omegaconf import OmegaConf
 
-NAMES = ['hf_llama3_70B_config', 'hf_llama3.1_70B_config', 'hf_llama3_70B_CP_config', 'hf_llama3_8B_config',
-         'megatron_gpt_config']
+CONTRACTS = Path(__file__).resolve().parents[1] / 'nxpretrain' / 'launch' / 'contracts'
+HEADER = ("# NxD Training's example config, flattened to dotted keys as Hydra reads it (`${...}` kept as text),\n"
+          "# with the line of each key in its file (`path` at `commit` of `repo`). Written by tools/nxdt_examples.py\n"
+          "# from a checkout: regenerate it, do not edit it.\n")
 
-def flat(d, prefix=''):
+
+def flat(d: dict, prefix: str = '') -> dict:
+    "`{dotted key: leaf}` of nested dict `d` (an empty dict is a leaf), as nxpretrain.launch.nxdt_contract.flat."
     out = {}
     for k, v in d.items():
         if isinstance(v, dict) and v: out.update(flat(v, f"{prefix}{k}."))
         else: out[prefix + k] = v
     return out
 
-def main(git_dir, commit='HEAD'):
-    for name in NAMES:
-        text = subprocess.run(['git', '--git-dir', git_dir, 'show', f"{commit}:examples/conf/{name}.yaml"],
-                              capture_output=True, text=True, check=True).stdout
-        # OmegaConf reads 1e-06 as a float, as Hydra does
-        cfg = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
-        print(f"    {name!r}: " + pprint.pformat(flat(cfg), width=118, sort_dicts=False).replace('\n', '\n    ') + ',')
+
+def key_lines(node, prefix: str = '') -> dict:
+    "`{dotted key: 1-based line}` of every key of a composed YAML mapping `node`."
+    out = {}
+    for key, value in node.value:
+        name = prefix + key.value
+        if isinstance(value, yaml.MappingNode) and value.value: out.update(key_lines(value, name + '.'))
+        else: out[name] = key.start_mark.line + 1
+    return out
+
+
+def example_file(git_dir: str, commit: str, name: str, repo: str) -> str:
+    "The data file of NxDT's example `name` at `commit`."
+    path = f"examples/conf/{name}.yaml"
+    text = subprocess.run(['git', '--git-dir', git_dir, 'show', f"{commit}:{path}"], capture_output=True, text=True,
+                          check=True).stdout
+    keys = flat(OmegaConf.to_container(OmegaConf.create(text), resolve=False))   # 1e-06 is a float, as in Hydra
+    lines = key_lines(yaml.compose(text))
+    assert list(keys) == list(lines), f"{name}: OmegaConf and the YAML parser see different keys"
+    data = {'example': name, 'repo': repo, 'commit': commit, 'path': path, 'keys': keys, 'lines': lines}
+    return HEADER + yaml.safe_dump(data, sort_keys=False, width=120, allow_unicode=True)
+
+
+def main(git_dir: str, commit: str = ''):
+    contract = yaml.safe_load((CONTRACTS / 'nxdt.yaml').read_text())
+    commit = commit or contract['commit']
+    full = subprocess.run(['git', '--git-dir', git_dir, 'rev-parse', commit], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    out = CONTRACTS / 'nxdt'
+    out.mkdir(exist_ok=True)
+    for name in sorted(set(contract['example_for'].values())):
+        (out / f"{name}.yaml").write_text(example_file(git_dir, full, name, contract['repo']))
+        print(f"wrote {out / name}.yaml")
+
 
 if __name__ == '__main__': main(*sys.argv[1:])

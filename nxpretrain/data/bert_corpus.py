@@ -47,7 +47,7 @@ def split_sentences(text: str) -> list[str]:
     if text[start:].strip(): out.append(text[start:].strip())
     return out
 
-# %% ../../nbs/api/19_bert_corpus.ipynb #ce900f12
+# %% ../../nbs/api/19_bert_corpus.ipynb #00831b14
 @dataclass
 class Instance:
     tokens: list           # [CLS] A [SEP] B [SEP], WordPiece strings
@@ -60,6 +60,7 @@ def _truncate_pair(a: list, b: list, max_tokens: int, rng: random.Random):
         if rng.random() < 0.5: del longer[0]
         else: longer.pop()
 
+# %% ../../nbs/api/19_bert_corpus.ipynb #41606a7b
 def document_instances(docs: list, k: int, seq_len: int, short_seq_prob: float, rng: random.Random) -> list[Instance]:
     "Sentence-pair instances of document `k` of `docs` (each a list of sentences, each a list of WordPiece strings)."
     max_tokens = seq_len - 3
@@ -118,7 +119,7 @@ def mask_whole_words(tokens: list, rng: random.Random, vocab_words: list, masked
     chosen.sort()
     return out, chosen, [tokens[i] for i in chosen]
 
-# %% ../../nbs/api/19_bert_corpus.ipynb #e1bc052f
+# %% ../../nbs/api/19_bert_corpus.ipynb #d869e2fa
 def _features(inst: Instance, masked: tuple, vocab: dict, seq_len: int, max_predictions: int) -> dict:
     tokens, positions, labels = masked
     unk = vocab['[UNK]']
@@ -135,6 +136,7 @@ def _features(inst: Instance, masked: tuple, vocab: dict, seq_len: int, max_pred
     return dict(input_ids=ids, input_mask=mask, segment_ids=seg, masked_lm_positions=pos, masked_lm_ids=lab,
                 next_sentence_labels=np.int8(inst.is_random_next))
 
+# %% ../../nbs/api/19_bert_corpus.ipynb #08c00aa4
 def write_shard(path, rows: list[dict], seq_len: int, max_predictions: int) -> Path:
     "Write feature rows as one HDF5 shard in `SEED3_LAYOUT`."
     import h5py
@@ -149,22 +151,34 @@ def write_shard(path, rows: list[dict], seq_len: int, max_predictions: int) -> P
     tmp.replace(path)
     return path
 
+# %% ../../nbs/api/19_bert_corpus.ipynb #26521e33
+def _read_vocab(vocab_txt) -> dict:
+    "{WordPiece: id} of `vocab_txt`, refused in one line when a token BERT needs is missing."
+    if not Path(vocab_txt).is_file(): raise DataError(f"{vocab_txt}: no such WordPiece vocab.txt")
+    vocab = {w: i for i, w in enumerate(Path(vocab_txt).read_text(encoding='utf-8').splitlines())}
+    if missing := [t for t in ('[CLS]', '[SEP]', '[MASK]', '[UNK]') if t not in vocab]:
+        raise DataError(f"{vocab_txt}: no {', '.join(missing)} in the vocabulary; BERT needs them")
+    return vocab
+
+# %% ../../nbs/api/19_bert_corpus.ipynb #94dc67e0
+def _tokenized_documents(documents, tok, progress: bool) -> list[list[list[str]]]:
+    "The WordPiece sentences of each non-empty document of `documents`, by tokenizer `tok`."
+    docs = []
+    for d in progress_bar(documents, desc='sentences', unit='doc', progress=progress):
+        sents = split_sentences(d) if isinstance(d, str) else list(d)
+        toks = [e.tokens for e in tok.encode_batch(sents, add_special_tokens=False)] if sents else []
+        if toks := [t for t in toks if t]: docs.append(toks)
+    return docs
+
+# %% ../../nbs/api/19_bert_corpus.ipynb #529b67c9
 def write_bert_corpus(documents, vocab_txt, out_dir, seq_len: int = 128, max_predictions: int = 20,
                       dupe_factor: int = 10, masked_lm_prob: float = 0.15, short_seq_prob: float = 0.1,
                       per_shard: int = 100_000, seed: int = 12345, lowercase: bool = True, name: str = 'bert_corpus',
                       progress: bool = True) -> list[Path]:
     "Make seed-3 HDF5 shards under `out_dir` from raw `documents`; returns the shard paths."
     from tokenizers.implementations import BertWordPieceTokenizer
-    if not Path(vocab_txt).is_file(): raise DataError(f"{vocab_txt}: no such WordPiece vocab.txt")
-    vocab = {w: i for i, w in enumerate(Path(vocab_txt).read_text(encoding='utf-8').splitlines())}
-    if missing := [t for t in ('[CLS]', '[SEP]', '[MASK]', '[UNK]') if t not in vocab]:
-        raise DataError(f"{vocab_txt}: no {', '.join(missing)} in the vocabulary; BERT needs them")
-    tok = BertWordPieceTokenizer(str(vocab_txt), lowercase=lowercase)
-    docs = []
-    for d in progress_bar(documents, desc='sentences', unit='doc', progress=progress):
-        sents = split_sentences(d) if isinstance(d, str) else list(d)
-        toks = [e.tokens for e in tok.encode_batch(sents, add_special_tokens=False)] if sents else []
-        if toks := [t for t in toks if t]: docs.append(toks)
+    vocab = _read_vocab(vocab_txt)
+    docs = _tokenized_documents(documents, BertWordPieceTokenizer(str(vocab_txt), lowercase=lowercase), progress)
     if len(docs) < 2: raise DataError(f"{len(docs)} non-empty documents: next-sentence pairs need at least two")
     rng = random.Random(seed)
     words = [w for w in vocab if not (w.startswith('[') and w.endswith(']'))]
@@ -195,13 +209,14 @@ def train_wordpiece(texts, out_dir, vocab_size: int = 2000, lowercase: bool = Tr
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     return Path(tok.save_model(str(out_dir))[0])
 
-# %% ../../nbs/api/19_bert_corpus.ipynb #0e3c5294
+# %% ../../nbs/api/19_bert_corpus.ipynb #1c6fa822
 def _read_documents(path) -> list:
     import json
     p = Path(path)
     if p.suffix == '.jsonl': return [json.loads(line)['text'] for line in p.open(encoding='utf-8') if line.strip()]
     return [d for d in p.read_text(encoding='utf-8').split('\n\n') if d.strip()]
 
+# %% ../../nbs/api/19_bert_corpus.ipynb #0f36555c
 def main(argv=None) -> int:
     "Command line: raw text → seed-3 HDF5 shards."
     import argparse, sys

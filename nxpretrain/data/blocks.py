@@ -133,6 +133,7 @@ def _check_bert_arrays(path, a: dict, vocab_size: int | None) -> None:
         if a[k].size and (a[k].min() < 0 or (vocab_size is not None and a[k].max() >= vocab_size)):
             raise DataError(f'{path}: {k} outside the vocabulary [0, {vocab_size}); {fix}')
 
+# %% ../../nbs/api/16_blocks_bert.ipynb #799a2811
 def _check_chunks(path, dset) -> None:
     "Every chunk of a chunked dataset is there: HDF5 reads a chunk whose address was damaged as fill values, silently."
     if dset.chunks is None or dset.size == 0: return
@@ -143,6 +144,7 @@ def _check_chunks(path, dset) -> None:
         raise DataError(f'{path}: {dset.name[1:]} misses {missing} chunk(s) (a damaged chunk index); the shard is '
                         'corrupt: copy or make it again')
 
+# %% ../../nbs/api/16_blocks_bert.ipynb #3d7cd65c
 class BertHDF5Dataset:
     "Items of one seed-3 BERT HDF5 shard, checked when opened."
     def __init__(self, path: str | Path, vocab_size: int | None = None):
@@ -171,6 +173,7 @@ class BertHDF5Dataset:
                 'token_type_ids': t(a['segment_ids']), 'labels': t(labels),
                 'next_sentence_label': torch.tensor(int(a['next_sentence_labels']))}
 
+# %% ../../nbs/api/16_blocks_bert.ipynb #c94dbf35
 def write_bert_hdf5(path: str | Path, samples, max_predictions: int = 20) -> Path:
     "Write BertDataset-style samples as a seed-3 HDF5 shard."
     import h5py

@@ -7,6 +7,7 @@ and Range, datasets, gated repositories – for tests and for serving a mirror o
 from __future__ import annotations
 import hashlib, http.server, json, threading, urllib.parse
 from pathlib import Path
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['LFS_THRESHOLD', 'HubRepo', 'HubServer', 'main']
@@ -36,7 +37,7 @@ class HubRepo:
         if size > LFS_THRESHOLD: entry['lfs'] = {'oid': oid, 'size': size, 'pointerSize': 134}
         return entry
 
-# %% ../../nbs/api/18b_hub_server.ipynb #3e2e4aa8
+# %% ../../nbs/api/18b_hub_server.ipynb #2a864e25
 class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = 'nxpretrain-hub'
     def log_message(self, *args): pass           # never log: request headers carry tokens
@@ -60,81 +61,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != 'HEAD': self.wfile.write(body)
 
-    def _repo(self, kind: str, repo_id: str, revision: str):
-        "The repository, or None after answering with the Hub's error."
-        hub = self.server.hub
-        repo = hub.repo(kind, repo_id)
-        if repo is None: return self._error(404, 'RepoNotFound', f'Repository Not Found: {repo_id}')
-        if repo_id in hub.gated:
-            auth = self.headers.get('Authorization', '')
-            token = auth[7:] if auth.startswith('Bearer ') else ''
-            if not token:
-                return self._error(401, 'GatedRepo', f'Access to {kind} {repo_id} is restricted. You must be '
-                                                     'authenticated to access it.')
-            if token not in hub.tokens:
-                return self._error(403, 'GatedRepo', f'Access to {kind} {repo_id} is restricted and you are not in '
-                                                     'the authorized list.')
-        if revision not in ('main', repo.sha):
-            return self._error(404, 'RevisionNotFound', f'Invalid rev id: {revision}')
-        return repo
-
-    def _route(self):
-        path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
-        self.server.hub.requests.append((self.command, path, 'Authorization' in self.headers))
-        parts = path.strip('/').split('/')
-        if parts[0] == 'api' and len(parts) >= 4 and parts[1] in ('models', 'datasets'):
-            kind = parts[1][:-1]
-            rest = parts[2:]
-            for i, word in enumerate(rest):
-                if word in ('revision', 'tree') and i >= 1:
-                    repo_id, revision, sub = ('/'.join(rest[:i]), rest[i + 1] if len(rest) > i + 1 else 'main',
-                                              '/'.join(rest[i + 2 :]))
-                    if (repo := self._repo(kind, repo_id, revision)) is None: return
-                    if word == 'revision':
-                        return self._json(
-                            {'id': repo_id, 'sha': repo.sha, 'private': False,
-                             'gated': repo_id in self.server.hub.gated,
-                             'siblings': [{'rfilename': f} for f in repo.files]}
-                        )
-                    return self._json(
-                        [repo.tree_entry(f) for f in repo.files if not sub or f.startswith(sub.rstrip('/') + '/')]
-                    )
-            repo_id = '/'.join(rest)
-            if (repo := self._repo(kind, repo_id, 'main')) is None: return
-            return self._json({'id': repo_id, 'sha': repo.sha, 'siblings': [{'rfilename': f} for f in repo.files]})
-        kind = 'model'
-        if parts[0] == 'datasets': kind, parts = 'dataset', parts[1:]
-        if 'resolve' in parts and parts.index('resolve') >= 1 and len(parts) > parts.index('resolve') + 2:
-            i = parts.index('resolve')
-            repo_id, revision, name = '/'.join(parts[:i]), parts[i + 1], '/'.join(parts[i + 2:])
-            if (repo := self._repo(kind, repo_id, revision)) is None: return
-            if name not in repo.ids: return self._error(404, 'EntryNotFound', f'{name} does not exist on "{revision}"')
-            return self._file(repo, name)
-        return self._error(404, 'RepoNotFound', f'no route for {path}')
-
-    def _file(self, repo: HubRepo, name: str):
-        oid, size = repo.ids[name]
-        start = 0
-        if (rng := self.headers.get('Range', '')).startswith('bytes='):
-            start = int(rng[6:].split('-')[0] or 0)
-            if start >= size and size:
-                return self._error(416, 'RangeNotSatisfiable', f'range {rng} beyond {size} bytes')
-        self.send_response(206 if start else 200)
-        self.send_header('ETag', f'"{oid}"')
-        self.send_header('X-Repo-Commit', repo.sha)
-        self.send_header('Content-Length', str(size - start))
-        self.send_header('Accept-Ranges', 'bytes')
-        if size > LFS_THRESHOLD:
-            self.send_header('X-Linked-Etag', f'"{oid}"')
-            self.send_header('X-Linked-Size', str(size))
-        if start: self.send_header('Content-Range', f'bytes {start}-{size - 1}/{size}')
-        self.end_headers()
-        if self.command == 'GET':
-            with open(repo.path / name, 'rb') as f:
-                f.seek(start)
-                while b := f.read(1 << 20): self.wfile.write(b)
-
-    do_GET = do_HEAD = _route
+    def do_GET(self): self._route()
+    do_HEAD = do_GET
 
 # %% ../../nbs/api/18b_hub_server.ipynb #0ada3b15
 class HubServer:
@@ -164,6 +92,90 @@ class HubServer:
         self.httpd.server_close()
     __enter__ = start
     def __exit__(self, *exc): self.stop()
+
+# %% ../../nbs/api/18b_hub_server.ipynb #90714d81
+@patch
+def _repo(self: _Handler, kind: str, repo_id: str, revision: str):
+    "The repository, or None after answering with the Hub's error."
+    hub = self.server.hub
+    repo = hub.repo(kind, repo_id)
+    if repo is None: return self._error(404, 'RepoNotFound', f'Repository Not Found: {repo_id}')
+    if repo_id in hub.gated:
+        auth = self.headers.get('Authorization', '')
+        token = auth[7:] if auth.startswith('Bearer ') else ''
+        if not token:
+            return self._error(401, 'GatedRepo', f'Access to {kind} {repo_id} is restricted. You must be '
+                                                 'authenticated to access it.')
+        if token not in hub.tokens:
+            return self._error(403, 'GatedRepo', f'Access to {kind} {repo_id} is restricted and you are not in '
+                                                 'the authorized list.')
+    if revision not in ('main', repo.sha):
+        return self._error(404, 'RevisionNotFound', f'Invalid rev id: {revision}')
+    return repo
+
+# %% ../../nbs/api/18b_hub_server.ipynb #eeb023b5
+@patch
+def _route(self: _Handler):
+    "Answer one request: the API's repository info and trees, or a file."
+    path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+    self.server.hub.requests.append((self.command, path, 'Authorization' in self.headers))
+    parts = path.strip('/').split('/')
+    if parts[0] == 'api' and len(parts) >= 4 and parts[1] in ('models', 'datasets'):
+        return self._api(parts[1][:-1], parts[2:])
+    kind = 'model'
+    if parts[0] == 'datasets': kind, parts = 'dataset', parts[1:]
+    if 'resolve' in parts and parts.index('resolve') >= 1 and len(parts) > parts.index('resolve') + 2:
+        i = parts.index('resolve')
+        repo_id, revision, name = '/'.join(parts[:i]), parts[i + 1], '/'.join(parts[i + 2:])
+        if (repo := self._repo(kind, repo_id, revision)) is None: return
+        if name not in repo.ids: return self._error(404, 'EntryNotFound', f'{name} does not exist on "{revision}"')
+        return self._file(repo, name)
+    return self._error(404, 'RepoNotFound', f'no route for {path}')
+
+@patch
+def _api(self: _Handler, kind: str, rest: list):
+    "The API's answer about repository `rest` of `kind`: its info, or its file tree."
+    for i, word in enumerate(rest):
+        if word in ('revision', 'tree') and i >= 1:
+            repo_id, revision, sub = ('/'.join(rest[:i]), rest[i + 1] if len(rest) > i + 1 else 'main',
+                                      '/'.join(rest[i + 2 :]))
+            if (repo := self._repo(kind, repo_id, revision)) is None: return
+            if word == 'revision':
+                return self._json(
+                    {'id': repo_id, 'sha': repo.sha, 'private': False,
+                     'gated': repo_id in self.server.hub.gated,
+                     'siblings': [{'rfilename': f} for f in repo.files]}
+                )
+            return self._json(
+                [repo.tree_entry(f) for f in repo.files if not sub or f.startswith(sub.rstrip('/') + '/')]
+            )
+    repo_id = '/'.join(rest)
+    if (repo := self._repo(kind, repo_id, 'main')) is None: return
+    return self._json({'id': repo_id, 'sha': repo.sha, 'siblings': [{'rfilename': f} for f in repo.files]})
+
+# %% ../../nbs/api/18b_hub_server.ipynb #d6189d5d
+@patch
+def _file(self: _Handler, repo: HubRepo, name: str):
+    oid, size = repo.ids[name]
+    start = 0
+    if (rng := self.headers.get('Range', '')).startswith('bytes='):
+        start = int(rng[6:].split('-')[0] or 0)
+        if start >= size and size:
+            return self._error(416, 'RangeNotSatisfiable', f'range {rng} beyond {size} bytes')
+    self.send_response(206 if start else 200)
+    self.send_header('ETag', f'"{oid}"')
+    self.send_header('X-Repo-Commit', repo.sha)
+    self.send_header('Content-Length', str(size - start))
+    self.send_header('Accept-Ranges', 'bytes')
+    if size > LFS_THRESHOLD:
+        self.send_header('X-Linked-Etag', f'"{oid}"')
+        self.send_header('X-Linked-Size', str(size))
+    if start: self.send_header('Content-Range', f'bytes {start}-{size - 1}/{size}')
+    self.end_headers()
+    if self.command == 'GET':
+        with open(repo.path / name, 'rb') as f:
+            f.seek(start)
+            while b := f.read(1 << 20): self.wfile.write(b)
 
 # %% ../../nbs/api/18b_hub_server.ipynb #444bcac8
 def main(argv=None):

@@ -9,6 +9,7 @@ import json, os, struct, shutil
 import crc32c
 from pathlib import Path
 import numpy as np
+from fastcore.basics import patch
 from ..errors import DataError
 
 # %% auto #0
@@ -101,59 +102,67 @@ class IndexedDataset:
         self._check_sums(idx, bin_, verify if verify is not None else nbytes <= verify_bytes)
         self.bin = np.memmap(bin_, self.dtype, 'r') if nbytes and mmap else np.fromfile(bin_, self.dtype)
 
-    def _check_structure(self, idx, chunk: int = 1 << 22):
-        "Lengths, pointers and document indices agree (in chunks: bounded memory)."
-        fix = 'the index is corrupt; prepare or copy it again'
-        size, start = np.dtype(self.dtype).itemsize, 0
-        for a in range(0, len(self.lengths), chunk):
-            n = self.lengths[a:a + chunk].astype(np.int64)
-            if n.min() < 0: raise DataError(f'{idx}: sequence {a + int(np.argmin(n))} has a negative length; {fix}')
-            ends = start + np.cumsum(n * size)
-            starts = np.concatenate([[start], ends[:-1]])
-            wrong = np.flatnonzero(self.pointers[a:a + chunk] != starts)
-            if wrong.size:
-                raise DataError(f'{idx}: pointer of sequence {a + int(wrong[0])} does not follow from the lengths; '
-                                f'{fix}')
-            start = int(ends[-1])
-        d = self.document_index
-        if len(d) == 0 or d[0] != 0 or d[-1] != len(self.lengths):
-            raise DataError(f'{idx}: document indices must run from 0 to {len(self.lengths)} sequences; {fix}')
-        for a in range(0, len(d) - 1, chunk):
-            if (np.diff(d[a:a + chunk + 1]) < 0).any():
-                raise DataError(f'{idx}: document indices decrease after document {a}; {fix}')
+# %% ../../nbs/api/11_indexed.ipynb #edab352f
+@patch
+def _check_structure(self: IndexedDataset, idx, chunk: int = 1 << 22):
+    "Lengths, pointers and document indices agree (in chunks: bounded memory)."
+    fix = 'the index is corrupt; prepare or copy it again'
+    size, start = np.dtype(self.dtype).itemsize, 0
+    for a in range(0, len(self.lengths), chunk):
+        n = self.lengths[a:a + chunk].astype(np.int64)
+        if n.min() < 0: raise DataError(f'{idx}: sequence {a + int(np.argmin(n))} has a negative length; {fix}')
+        ends = start + np.cumsum(n * size)
+        starts = np.concatenate([[start], ends[:-1]])
+        wrong = np.flatnonzero(self.pointers[a:a + chunk] != starts)
+        if wrong.size:
+            raise DataError(f'{idx}: pointer of sequence {a + int(wrong[0])} does not follow from the lengths; '
+                            f'{fix}')
+        start = int(ends[-1])
+    d = self.document_index
+    if len(d) == 0 or d[0] != 0 or d[-1] != len(self.lengths):
+        raise DataError(f'{idx}: document indices must run from 0 to {len(self.lengths)} sequences; {fix}')
+    for a in range(0, len(d) - 1, chunk):
+        if (np.diff(d[a:a + chunk + 1]) < 0).any():
+            raise DataError(f'{idx}: document indices decrease after document {a}; {fix}')
 
-    def _check_sums(self, idx, bin_, check_bin: bool):
-        "Compare the files with the sidecar's sizes and CRC-32C, when there is a sidecar."
-        side = Path(self.prefix + SIDECAR)
-        if not side.exists(): return
-        try: info = json.loads(side.read_text())
-        except ValueError:
-            raise DataError(
-                f'{side}: not readable JSON; delete it to read the pair unchecked, or prepare again'
-            ) from None
-        for path, key in ((idx, 'idx'), (bin_, 'bin')):
-            want = info.get(key, {})
-            if path.stat().st_size != want.get('bytes'):
-                raise DataError(f"{path}: {path.stat().st_size} bytes but {side.name} records {want.get('bytes')}; "
-                                f"the file was cut or changed: prepare or copy it again (or delete {side.name} if the "
-                                "pair was replaced on purpose)")
-            if (key == 'idx' or check_bin) and file_crc32c(path) != want.get('crc32c'):
-                raise DataError(f'{path}: CRC-32C differs from {side.name} (corrupt: a flipped bit or a bad copy); '
-                                f'prepare or copy it again (or delete {side.name} if the pair was replaced on '
-                                'purpose)')
+# %% ../../nbs/api/11_indexed.ipynb #decbf369
+@patch
+def _check_sums(self: IndexedDataset, idx, bin_, check_bin: bool):
+    "Compare the files with the sidecar's sizes and CRC-32C, when there is a sidecar."
+    side = Path(self.prefix + SIDECAR)
+    if not side.exists(): return
+    try: info = json.loads(side.read_text())
+    except ValueError:
+        raise DataError(
+            f'{side}: not readable JSON; delete it to read the pair unchecked, or prepare again'
+        ) from None
+    for path, key in ((idx, 'idx'), (bin_, 'bin')):
+        want = info.get(key, {})
+        if path.stat().st_size != want.get('bytes'):
+            raise DataError(f"{path}: {path.stat().st_size} bytes but {side.name} records {want.get('bytes')}; "
+                            f"the file was cut or changed: prepare or copy it again (or delete {side.name} if the "
+                            "pair was replaced on purpose)")
+        if (key == 'idx' or check_bin) and file_crc32c(path) != want.get('crc32c'):
+            raise DataError(f'{path}: CRC-32C differs from {side.name} (corrupt: a flipped bit or a bad copy); '
+                            f'prepare or copy it again (or delete {side.name} if the pair was replaced on '
+                            'purpose)')
 
-    def __len__(self): return len(self.lengths)
+# %% ../../nbs/api/11_indexed.ipynb #4624160c
+@patch
+def __len__(self: IndexedDataset): return len(self.lengths)
 
-    def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
-        "Tokens of sequence `i` from `offset`, `length` of them (all by default)."
-        start = int(self.pointers[i]) // np.dtype(self.dtype).itemsize + offset
-        n = int(self.lengths[i]) - offset if length is None else length
-        return self.bin[start:start + n]
+@patch
+def get(self: IndexedDataset, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+    "Tokens of sequence `i` from `offset`, `length` of them (all by default)."
+    start = int(self.pointers[i]) // np.dtype(self.dtype).itemsize + offset
+    n = int(self.lengths[i]) - offset if length is None else length
+    return self.bin[start:start + n]
 
-    def __getitem__(self, i): return self.get(i)
+@patch
+def __getitem__(self: IndexedDataset, i): return self.get(i)
 
-    @property
-    def num_documents(self): return len(self.document_index) - 1
+@patch(as_prop=True)
+def num_documents(self: IndexedDataset): return len(self.document_index) - 1
 
 # %% ../../nbs/api/11_indexed.ipynb #c0807a38
 def _publish(prefix: str, bin_crc: int, idx_crc: int) -> None:

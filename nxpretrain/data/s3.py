@@ -120,7 +120,7 @@ def verify(path, url: str, size: int, etag: str = '', sha256: str | None = None,
     if any(etag_of(path, s) == etag for s in sizes): return 'etag'
     raise bad(f"multipart ETag {etag} matches no recomputation")
 
-# %% ../../nbs/api/17_s3.ipynb #ae018982
+# %% ../../nbs/api/17_s3.ipynb #0ebc0ca3
 def _transient():
     "Exceptions of a broken transfer (retry the part)."
     import urllib3.exceptions
@@ -131,6 +131,7 @@ def _transient():
 
 class _ObjectChanged(Exception): pass
 
+# %% ../../nbs/api/17_s3.ipynb #f078eb24
 def _resume_state(part: Path, info: Path, url: str, etag: str, size: int, part_size: int) -> dict:
     "The parts already fetched by an earlier run of the same object version; a fresh, preallocated `.part` otherwise."
     try: state = json.loads(info.read_text())
@@ -142,6 +143,7 @@ def _resume_state(part: Path, info: Path, url: str, etag: str, size: int, part_s
     info.write_text(json.dumps(state))
     return state
 
+# %% ../../nbs/api/17_s3.ipynb #04b112fb
 def _fetch_parts(client, url: str, part: Path, info: Path, state: dict, bar, retries: int, concurrency: int, chunk: int,
                  anonymous: bool):
     "Fetch the parts of `state` not yet done, in parallel, recording each one done."
@@ -182,6 +184,7 @@ def _fetch_parts(client, url: str, part: Path, info: Path, state: dict, bar, ret
                 time.sleep(min(0.1 * 2 ** attempt, 5))
     with ThreadPoolExecutor(max(1, concurrency)) as pool: list(pool.map(fetch, todo))
 
+# %% ../../nbs/api/17_s3.ipynb #1de17527
 def download(url: str, dest, anonymous: bool = False, sha256: str | None = None, endpoint_url: str | None = None,
              retries: int = 5, part_size: int = 16 << 20, concurrency: int = 8, chunk: int = 1 << 20,
              progress: bool = True, client=None) -> Path:
@@ -262,7 +265,7 @@ def list_objects(
     except (ClientError, BotoCoreError) as e: raise explain(e, url, anonymous) from None
     return out
 
-# %% ../../nbs/api/17_s3.ipynb #01d3415e
+# %% ../../nbs/api/17_s3.ipynb #fc15da7f
 def _s5cmd_sync(url: str, dest: Path, anonymous: bool, endpoint_url: str | None) -> None:
     argv = ['s5cmd', '--log', 'error']
     if anonymous: argv.append('--no-sign-request')
@@ -275,6 +278,7 @@ def _s5cmd_sync(url: str, dest: Path, anonymous: bool, endpoint_url: str | None)
         raise DataError(f"{url}: s5cmd sync failed: {line[-1][:200] if line else p.returncode}; run again, or pass "
                         "use_s5cmd=False")
 
+# %% ../../nbs/api/17_s3.ipynb #e5786421
 def sync(url: str, dest, anonymous: bool = False, endpoint_url: str | None = None, sha256: dict | None = None,
          use_s5cmd: bool | None = None, progress: bool = True) -> list[Path]:
     "Copy the objects under prefix or pattern `url` into folder `dest`; returns the local paths, all checked."

@@ -13,7 +13,8 @@ from ..errors import RecipeError
 from ..steptime import Calibration
 
 # %% auto #0
-__all__ = ['ENGINES', 'BUILT_IN', 'Engine', 'register_engine', 'get_engine', 'engine_of']
+__all__ = ['ENGINES', 'BUILT_IN', 'PLUGIN_GROUP', 'Engine', 'register_engine', 'load_plugin', 'get_engine',
+           'engine_for_checkpoint', 'engine_of']
 
 # %% ../../nbs/api/49b_engine.ipynb #45f87717
 class Engine(ABC):
@@ -45,10 +46,14 @@ class Engine(ABC):
     def checkpoints(self, folder) -> list[Path]:
         "Its complete checkpoints under `folder`, oldest first."
 
-    def read_checkpoint(self, path) -> tuple:
+    def owns_checkpoint(self, path) -> bool:
+        "Is `path` a checkpoint this engine wrote (a save, or the folder of saves its run keeps)?"
+        return False
+
+    def read_checkpoint(self, path, recipe=None) -> tuple:
         """(recipe, names, take) of checkpoint `path`, for evaluation and the HF export: the model's tensor names in
         nxpretrain's terms, and `take(name)` that reads one whole tensor (a model larger than memory goes one at a
-        time)."""
+        time). The recipe is the one the run recorded, unless `recipe` is given."""
         raise RecipeError(f"{path}: {self.framework} checkpoints are not read here; convert them with the framework's "
                           "own tool first")
 
@@ -81,13 +86,27 @@ def register_engine(cls: type[Engine]) -> type[Engine]:
     ENGINES[cls.name] = cls
     return cls
 
+PLUGIN_GROUP = 'nxpretrain.engines'   # entry points of installed packages: name = "module:EngineClass"
+
+def load_plugin(name: str) -> None:
+    "Import the engine an installed package declares as `name` in the `nxpretrain.engines` entry-point group."
+    from importlib.metadata import entry_points
+    for point in entry_points(group=PLUGIN_GROUP, name=name): register_engine(point.load())
+
 def get_engine(name: str) -> Engine:
     "The engine registered as `name` (a built-in one is imported on first use); a one-line error naming the known ones."
     if name not in ENGINES and name in BUILT_IN: importlib.import_module(f"nxpretrain.launch.{name}")
+    if name not in ENGINES: load_plugin(name)
     if name not in ENGINES:
         known = ', '.join(sorted({*ENGINES, *BUILT_IN}))
         raise RecipeError(f"engine={name!r}: no such engine; choose one of {known} (or register one)")
     return ENGINES[name]()
+
+def engine_for_checkpoint(path) -> Engine:
+    "The engine that wrote checkpoint `path` (every built-in and registered one is asked); nxpretrain's own otherwise."
+    for name in BUILT_IN: get_engine(name)
+    owners = [engine for cls in ENGINES.values() if (engine := cls()).owns_checkpoint(path)]
+    return owners[0] if owners else get_engine('native')
 
 def engine_of(recipe) -> Engine:
     "The engine that runs `recipe`'s job."

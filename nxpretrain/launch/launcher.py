@@ -179,7 +179,8 @@ def records_path() -> Path:
 def record_job(job, job_id: str, scheduler: str, cluster: str, **extra) -> dict:
     "Append the record of submitted `job` to its folder's `jobs.jsonl` and to the per-user index; return it."
     rec = {'id': str(job_id), 'scheduler': scheduler, 'cluster': cluster, 'name': job.name, 'kind': job.kind,
-           'log': job.log, 'out_dir': str(job.out_dir), 'tasks': job.tasks, 'time': time.time(), **extra}
+           'log': job.log, 'out_dir': str(job.out_dir), 'tasks': job.tasks, 'engine': job.engine, 'time': time.time(),
+           **extra}
     for f in (Path(job.out_dir) / 'jobs.jsonl', records_path()):
         f.parent.mkdir(parents=True, exist_ok=True)
         with open(f, 'a') as fh: fh.write(json.dumps(rec) + '\n')

@@ -7,6 +7,7 @@ cancel and log like a Slurm job."""
 from __future__ import annotations
 import dataclasses, os, secrets, shlex, signal as signals, socket, subprocess, sys, time
 from pathlib import Path
+from fastcore.basics import patch
 from ..errors import EXIT_REQUEUE, LaunchError
 from .launcher import JobState, JobStatus, Launcher, find_records, record_job, register, tail_file
 from .job import Job, export_lines, quote_argv, render_job, torchrun_argv, write_job
@@ -80,6 +81,19 @@ echo "$rc" > "$record/exit_code.part" && mv "$record/exit_code.part" "$record/ex
 exit "$rc"
 '''
 
+def _spawn(script_path, state_dir, deps: list, cwd, log) -> subprocess.Popen:
+    "The process, in a session of its own, that runs a job's script through `_WRAPPER`; its output goes to `log`."
+    with open(log, 'ab') as out:
+        return subprocess.Popen(
+            ['bash', '-c', _WRAPPER, 'nxpretrain-local', str(script_path), str(state_dir), *deps],
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+# %% ../../nbs/api/57_local.ipynb #7146b256
 def _start_ticks(pid: int) -> str | None:
     "The start time of process `pid` (clock ticks since boot), None if there is no such live process."
     try: stat = Path(f"/proc/{pid}/stat").read_text()
@@ -127,16 +141,11 @@ def _record_status(rec: dict, cluster: str) -> JobStatus:
     s.scheduler_state = str(s.state)
     return s
 
-# %% ../../nbs/api/57_local.ipynb #b5d15d07
+# %% ../../nbs/api/57_local.ipynb #bdec8b5c
 @register
 class LocalLauncher(Launcher):
     "Jobs as detached torchrun process groups on this machine."
     scheduler, script_suffix = 'local', 'sh'
-
-    @property
-    def cluster(self) -> str: return socket.gethostname()
-
-    def log_pattern(self, job) -> str: return str(Path(job.out_dir) / 'logs' / f"{job.name}-%j.out")
 
     def render(self, job) -> str: return '\n'.join(_local_script(job)) + '\n'
 
@@ -150,30 +159,10 @@ class LocalLauncher(Launcher):
         state_dir = job.out_dir / '.jobs' / job_id
         state_dir.mkdir(parents=True)
         log = job.log.replace('%j', job_id)
-        deps = [
-            str(Path(self._record(a)['state_dir']) / 'exit_code')
-            for a in ([after] if isinstance(after, str) else after)
-            if a
-        ]
-        with open(log, 'ab') as out:
-            p = subprocess.Popen(
-                ['bash', '-c', _WRAPPER, 'nxpretrain-local', str(job.script_path), str(state_dir), *deps],
-                cwd=job.out_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        p = _spawn(job.script_path, state_dir, self._exit_files(after), job.out_dir, log)
         record_job(dataclasses.replace(job, log=log), job_id, self.scheduler, self.cluster, pid=p.pid,
                    start_ticks=_start_ticks(p.pid), state_dir=str(state_dir))
         return job_id
-
-    def _record(self, job_id) -> dict:
-        recs = find_records(job_id, self.scheduler, self.cluster)
-        if not recs:
-            raise LaunchError(f"job {job_id}: not a job of this machine (no record of it in {self.cluster}'s job "
-                              "index)")
-        return recs[0]
 
     def status(self, job_id) -> JobStatus: return _record_status(self._record(job_id), self.cluster)
 
@@ -188,14 +177,40 @@ class LocalLauncher(Launcher):
             try: os.kill(pid, sig)
             except ProcessLookupError: pass
 
-    def log_path(self, job_id) -> str: return self._record(job_id)['log']
-
     def log(self, job_id, tail: int = 20) -> str: return tail_file(self.log_path(job_id), tail)
 
-    def jobs(self, last: int = 20) -> list[JobStatus]:
-        return [
-            _record_status(r, self.cluster) for r in find_records(scheduler=self.scheduler, cluster=self.cluster)[:last]
-        ]
+# %% ../../nbs/api/57_local.ipynb #909d600f
+@patch(as_prop=True)
+def cluster(self: LocalLauncher) -> str: return socket.gethostname()
+
+@patch
+def log_pattern(self: LocalLauncher, job) -> str: return str(Path(job.out_dir) / 'logs' / f"{job.name}-%j.out")
+
+@patch
+def _record(self: LocalLauncher, job_id) -> dict:
+    recs = find_records(job_id, self.scheduler, self.cluster)
+    if not recs:
+        raise LaunchError(f"job {job_id}: not a job of this machine (no record of it in {self.cluster}'s job "
+                          "index)")
+    return recs[0]
+
+@patch
+def _exit_files(self: LocalLauncher, after) -> list[str]:
+    "The exit status files of the jobs `after` (one id or several) that a job waits for."
+    return [
+        str(Path(self._record(a)['state_dir']) / 'exit_code')
+        for a in ([after] if isinstance(after, str) else after)
+        if a
+    ]
+
+@patch
+def log_path(self: LocalLauncher, job_id) -> str: return self._record(job_id)['log']
+
+@patch
+def jobs(self: LocalLauncher, last: int = 20) -> list[JobStatus]:
+    return [
+        _record_status(r, self.cluster) for r in find_records(scheduler=self.scheduler, cluster=self.cluster)[:last]
+    ]
 
 # %% ../../nbs/api/57_local.ipynb #9f0ba3e7
 def run_local(

@@ -15,12 +15,13 @@ from .job import Job, export_lines, job_name, plain_value, resolve_cluster
 from .slurm import sbatch_header
 from ..errors import RecipeError
 from .megatron_contract import contract_problems, load_contract
+from .megatron_checkpoint import TRACKER, tracked_iteration
 
 # %% auto #0
-__all__ = ['TRACKER', 'RECOMPUTE_MODULES', 'SEED2_CHECKPOINT_FLAGS', 'RANK_SH', 'JOB_BODY', 'MEGATRON_COMMIT',
-           'parse_megatron_line', 'tracked_iteration', 'megatron_checkpoints', 'megatron_memory', 'megatron_problems',
-           'model_flags', 'layout_flags', 'training_flags', 'save_interval', 'exit_minutes', 'io_flags', 'flag_lines',
-           'srun_options', 'megatron_job_script', 'export_megatron', 'megatron_needs', 'MegatronEngine']
+__all__ = ['RECOMPUTE_MODULES', 'SEED2_CHECKPOINT_FLAGS', 'RANK_SH', 'JOB_BODY', 'MEGATRON_COMMIT',
+           'parse_megatron_line', 'megatron_checkpoints', 'megatron_memory', 'megatron_problems', 'model_flags',
+           'layout_flags', 'training_flags', 'save_interval', 'exit_minutes', 'io_flags', 'flag_lines', 'srun_options',
+           'megatron_job_script', 'export_megatron', 'megatron_needs', 'MegatronEngine']
 
 # %% ../../nbs/api/52b_megatron.ipynb #77abbaa7
 _ITERATION = re.compile(r'iteration\s+(\d+)/\s*(\d+)\s*\|')
@@ -45,15 +46,7 @@ def parse_megatron_line(line: str) -> dict | None:
     return out
 
 # %% ../../nbs/api/52b_megatron.ipynb #09e87dc9
-TRACKER = 'latest_checkpointed_iteration.txt'
-_ITER_DIR = re.compile(r'iter_(\d{7})$')
-
-def tracked_iteration(folder) -> int | None:
-    "The iteration Megatron-LM's tracker file in `folder` names (None when there is none yet)."
-    f = Path(folder) / TRACKER
-    if not f.is_file(): return None
-    text = f.read_text().strip()
-    return int(text) if text.isdigit() else None
+_ITER_DIR = re.compile(r'iter_(\d{7})$')   # a save's folder; TRACKER names the last: launch.megatron_checkpoint
 
 def megatron_checkpoints(folder) -> list[Path]:
     "Megatron-LM's complete `iter_NNNNNNN` checkpoints under `folder` (its --save, or a run folder's checkpoints/)."
@@ -156,8 +149,9 @@ def exit_minutes(r: Recipe, save_seconds: float) -> int | None:
     return None if not limit else max(1, int((limit - save_seconds - 300) // 60))
 
 # %% ../../nbs/api/52b_megatron.ipynb #bdb2c192
-SEED2_CHECKPOINT_FLAGS = [('ckpt-fully-parallel-load',), ('use-persistent-ckpt-worker',),
-                          ('ckpt-assume-constant-structure',)]   # seed 2's 04-gpt175B.sh, for its 2.3 TiB saves
+# seed 2's 04-gpt175B.sh, for its 2.3 TiB saves; not its --use-persistent-ckpt-worker, which only --async-save reads
+# (initialize.py:80)
+SEED2_CHECKPOINT_FLAGS = [('ckpt-fully-parallel-load',), ('ckpt-assume-constant-structure',)]
 
 def io_flags(r: Recipe, run_dir: Path, data_root, step_seconds: float, save_seconds: float) -> list[tuple]:
     "(flag, values) of the data, the checkpoints, the logs and the exit conditions."
@@ -264,16 +258,19 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
     job = Job(job_name(r.name, 'train'), 'train', [str(rank_sh)], out, out / 'recipe.yaml', r.cluster.nodes,
               prof.devices_per_node, prof.name, {}, distributed=False, partition=r.cluster.partition,
               time=r.cluster.time, scheduler='slurm', log=str(out / 'logs' / '%x-%j.out'), script_suffix='sbatch',
-              run_dir=run_dir)
-    job.script = megatron_job_script(r, prof, out, rank_sh, megatron_needs(flags, mlm), mlm) + '\n'
+              run_dir=run_dir, engine='megatron')
+    job.script = megatron_job_script(r, prof, out, rank_sh, megatron_needs(flags, mlm, prof.container), mlm) + '\n'
     job.script_path.write_text(job.script)
     return {'train': job}
 
-def megatron_needs(flags: list[tuple], megatron_lm: str) -> dict:
-    "{path the job reads: what makes it} for the checkout, the data and the tokenizer files the flags name."
+def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '') -> dict:
+    """{path the job reads: what makes it} for the container image, the checkout, the data and the tokenizer files the
+    flags name."""
     values = {f[0]: f[1:] for f in flags}
     needs = {f"{megatron_lm}/pretrain_gpt.py": f"git clone https://github.com/NVIDIA/Megatron-LM {megatron_lm} && "
                                                 f"git -C {megatron_lm} checkout {MEGATRON_COMMIT}"}
+    if container.endswith('.sqsh'):
+        needs[container] = f"enroot import --output {container} docker://{load_contract()['setup_script']['image']}"
     needs.update({p + '.idx': 'prepare the corpus: nxpretrain data RECIPE' for p in values['data-path'][1::2]
                   or values['data-path']})
     needs.update({values[k][0]: 'GPT-2 vocab.json and merges.txt from https://huggingface.co/gpt2'
@@ -302,6 +299,14 @@ class MegatronEngine(Engine):
     def parse_progress(self, line: str) -> dict | None: return parse_megatron_line(line)
 
     def checkpoints(self, folder) -> list[Path]: return megatron_checkpoints(folder)
+
+    def owns_checkpoint(self, path) -> bool:
+        p = Path(path)
+        return bool(_ITER_DIR.search(p.name)) or any((d / TRACKER).is_file() for d in (p, p / 'checkpoints'))
+
+    def read_checkpoint(self, path, recipe=None) -> tuple:
+        from nxpretrain.launch.megatron_checkpoint import read_megatron_checkpoint
+        return read_megatron_checkpoint(path, recipe)
 
     def requeue(self, folder, recipe) -> bool:
         done = self.checkpoints(folder)

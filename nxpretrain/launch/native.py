@@ -150,10 +150,14 @@ class NativeEngine(Engine):
 
     def checkpoints(self, folder) -> list[Path]: return complete_checkpoints(folder)
 
-    def read_checkpoint(self, path) -> tuple:
+    def owns_checkpoint(self, path) -> bool:
+        from nxpretrain.train.checkpoint import checkpoint_step
+        return checkpoint_step(path) is not None or (Path(path) / 'trainer_state.json').is_file()
+
+    def read_checkpoint(self, path, recipe=None) -> tuple:
         from nxpretrain.train.hf import checkpoint_recipe, checkpoint_tensors
         meta, take = checkpoint_tensors(path)
-        return checkpoint_recipe(path), list(meta), take
+        return recipe or checkpoint_recipe(path), list(meta), take
 
     def requeue(self, folder, recipe) -> bool: return unfinished(folder, recipe.trainer.max_steps)
 

@@ -10,38 +10,56 @@ from pathlib import Path
 from .launcher import END_STATES, log_path, status
 
 # %% auto #0
-__all__ = ['parse_progress', 'ProgressReader', 'interactive', 'describe', 'watch', 'plot_progress', 'where_logs']
+__all__ = ['clock_seconds', 'metric_value', 'parse_step_line', 'parse_progress', 'ProgressReader', 'interactive',
+           'describe', 'progress_parser', 'run_progress', 'watch', 'plot_progress', 'where_logs']
 
 # %% ../../nbs/api/51_watch.ipynb #74db74bf
 _PROGRESS = re.compile(r"(?:Epoch\s+(?P<epoch>\d+):)?[^|\n]*?(?:\|[^|\n]*\|)?\s*(?P<step>\d+)/(?P<total>\d+)\s*"
                        r"\[(?P<elapsed>[\d:]+)(?:<(?P<remaining>[\d:?]+))?,\s*(?P<rate>[\d.]+|\?)(?P<unit>s/it|it/s)(?P<rest>[^\]]*)\]")
 
-def _seconds(hms: str | None) -> float | None:
+def clock_seconds(hms: str | None) -> float | None:
+    "Seconds of a progress bar's `[H:]MM:SS` (None for `?` or nothing)."
     if not hms or '?' in hms: return None
     s = 0.0
     for part in hms.split(':'): s = s * 60 + float(part)
     return s
 
-def _number(v: str):
+def metric_value(v: str):
+    "A progress line's value as a float where it is a number (`4567.` too), else the text."
     try: return float(v)
     except ValueError: return v
 
-def parse_progress(line: str) -> dict | None:
-    "The numbers of a progress line, or None when `line` is not one."
-    m = _PROGRESS.search(line.split('\r')[-1] if line.rstrip('\r') else line)
+_STEP_LINE = re.compile(r"^(?:\d+: *)?step (?P<step>\d+)/(?P<total>\d+) \| (?P<rest>.*)$")
+_STEP_LINE_NAMES = {'tokens/s': 'tokens_per_s', 's/step': 's_per_step'}
+
+def parse_step_line(line: str) -> dict | None:
+    "The numbers of the trainer's log line (`step 5/20 | loss 8.9 | … | s/step 0.41`, or srun's `0: step …`), or None."
+    m = _STEP_LINE.match(line.strip())
     if not m: return None
-    d = {'step': int(m['step']), 'total': int(m['total']), 'elapsed_s': _seconds(m['elapsed']),
-         'remaining_s': _seconds(m['remaining'])}
+    d = {'step': int(m['step']), 'total': int(m['total'])}
+    for part in m['rest'].split(' | '):
+        key, _, value = part.rpartition(' ')
+        if key[:1].isalpha(): d[_STEP_LINE_NAMES.get(key, key)] = metric_value(value)
+    if isinstance(d.get('s_per_step'), float): d['remaining_s'] = (d['total'] - d['step']) * d['s_per_step']
+    return d
+
+def parse_progress(line: str) -> dict | None:
+    """The numbers of a progress line (a Lightning-style bar, or the trainer's step line that a log file holds
+    instead), or None when `line` is not one."""
+    m = _PROGRESS.search(line.split('\r')[-1] if line.rstrip('\r') else line)
+    if not m: return parse_step_line(line)
+    d = {'step': int(m['step']), 'total': int(m['total']), 'elapsed_s': clock_seconds(m['elapsed']),
+         'remaining_s': clock_seconds(m['remaining'])}
     if m['epoch'] is not None: d['epoch'] = int(m['epoch'])
     if m['rate'] != '?': d['s_per_step'] = float(m['rate']) if m['unit'] == 's/it' else 1 / max(float(m['rate']), 1e-12)
-    for k, v in re.findall(r"([A-Za-z_][\w./-]*)=([^,\s\]]+)", m['rest']): d[k] = _number(v)
+    for k, v in re.findall(r"([A-Za-z_][\w./-]*)=([^,\s\]]+)", m['rest']): d[k] = metric_value(v)
     return d
 
 # %% ../../nbs/api/51_watch.ipynb #8042351e
 class ProgressReader:
-    "Reads the progress lines a log gained since the last call."
-    def __init__(self, path):
-        self.path, self.pos, self.rows, self._partial = Path(path), 0, [], ''
+    "Reads the progress lines a log gained since the last call, with `parse` (an engine's `parse_progress`)."
+    def __init__(self, path, parse=parse_progress):
+        self.path, self.pos, self.rows, self._partial, self.parse = Path(path), 0, [], '', parse
 
     def read(self) -> list[dict]:
         "New progress rows since the last call (also appended to `self.rows`)."
@@ -52,7 +70,7 @@ class ProgressReader:
             self.pos = f.tell()
         text = self._partial + chunk.decode(errors='replace')
         *lines, self._partial = re.split(r'[\r\n]', text)
-        new = [p for p in map(parse_progress, lines) if p]
+        new = [p for p in map(self.parse, lines) if p]
         self.rows += new
         return new
 
@@ -81,8 +99,9 @@ class _JobLine:
     def __repr__(self): return f"{self.label}: {describe(self.row)} ({self.state})"
     def _repr_html_(self):
         import html
-        return (f'<div class="nxp-progress"><progress value="{self.row["step"]}" max="{self.row["total"]}" '
-                f'style="width:16em"></progress> <code>{html.escape(repr(self))}</code></div>')
+        bar = f'value="{self.row["step"]}" max="{self.row["total"]}" ' if self.row.get('total') else ''
+        return (f'<div class="nxp-progress"><progress {bar}style="width:16em"></progress> '
+                f'<code>{html.escape(repr(self))}</code></div>')
 
 def describe(p: dict) -> str:
     "One line of the numbers people look at."
@@ -93,23 +112,40 @@ def describe(p: dict) -> str:
     ]
     eta = f", ETA {p['remaining_s'] / 60:.1f} min" if p.get('remaining_s') is not None else ''
     rate = f", {p['s_per_step']:.2f} s/step" if 's_per_step' in p else ''
-    return f"step {p['step']}/{p['total']}{rate}{eta} | " + ', '.join(
+    total = f"/{p['total']}" if p.get('total') else ''
+    return f"step {p['step']}{total}{rate}{eta} | " + ', '.join(
         f"{k} {p[k]:.4g}" if isinstance(p[k], float) else f"{k} {p[k]}" for k in keys
     )
 
 # %% ../../nbs/api/51_watch.ipynb #5f5b1ad0
-def watch(
-    job, timeout: float = 3600, every: float = 10, poll: float = 1.0, widgets: bool | None = None
-) -> ProgressReader:
-    """Follow `job` (a job id of any scheduler, or a log path) until it ends; show live progress. Returns the reader
-    with every row."""
+def progress_parser(job, engine: str | None = None):
+    "The `parse_progress` of `engine`, else of the engine job id `job` was recorded with, else nxpretrain's own."
+    from nxpretrain.launch.engine import get_engine
+    from nxpretrain.launch.launcher import find_records
+    if engine is None:
+        rec = find_records(job)[:1] if not (isinstance(job, Path) or os.sep in str(job)) else []
+        engine = rec[0].get('engine', 'native') if rec else 'native'
+    return get_engine(engine).parse_progress
+
+def run_progress(row: dict, max_steps: int | None) -> dict:
+    "`row` with the run's length `max_steps` as its total and the time left to it, where its line lacked them."
+    if not max_steps or row.get('total') == max_steps: return row
+    left = (max_steps - row['step']) * row['s_per_step'] if row.get('s_per_step') is not None else None
+    return {**row, 'total': max_steps, 'remaining_s': left}
+
+# %% ../../nbs/api/51_watch.ipynb #51743d5a
+def watch(job, timeout: float = 3600, every: float = 10, poll: float = 1.0, widgets: bool | None = None,
+          engine: str | None = None, max_steps: int | None = None) -> ProgressReader:
+    """Follow `job` (a job id of any scheduler, or a log path) until it ends; show live progress, read by its engine
+    (`progress_parser`), to `max_steps` where given. Returns the reader with every row."""
     is_log = isinstance(job, Path) or (isinstance(job, str) and os.sep in job)   # a job id has no slash
-    path = Path(job) if is_log else None
+    path, parse = Path(job) if is_log else None, progress_parser(job, engine)
+    def parse_row(line): return run_progress(p, max_steps) if (p := parse(line)) else None
     t0, last_print, shown, rd = time.time(), 0.0, None, None
     widgets = interactive() if widgets is None else widgets
     while True:
         if path is None and (lp := log_path(job)): path = Path(lp)
-        if path is not None and rd is None: rd = ProgressReader(path)
+        if path is not None and rd is None: rd = ProgressReader(path, parse_row)
         new = rd.read() if rd else []
         state = 'LOG' if is_log else str(status(job).state)
         if new and widgets:
@@ -121,7 +157,8 @@ def watch(
         elif new and time.time() - last_print >= every:
             print(f"[{time.strftime('%H:%M:%S')}] {state.lower()} {describe(new[-1])}", flush=True)
             last_print = time.time()
-        done = (state in END_STATES) if not is_log else (rd and rd.last and rd.last['step'] >= rd.last['total'])
+        total = (rd.last.get('total') if rd and rd.last else None) or float('inf')
+        done = (state in END_STATES) if not is_log else bool(rd and rd.last and rd.last['step'] >= total)
         if done or time.time() - t0 > timeout:
             if rd: rd.read()
             if rd and rd.last and not widgets:

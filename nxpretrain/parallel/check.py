@@ -53,7 +53,7 @@ def tiny_batch(recipe: Recipe, seed: int = 1, ignore_frac: float = 0.1):
         dict(nsp_labels=torch.randint(0, 2, (d.global_batch,), generator=g), token_types=types, attention_mask=mask),
     )
 
-# %% ../../nbs/api/35_check.ipynb #ee119a32
+# %% ../../nbs/api/35_check.ipynb #63514946
 def _full(t): return t.full_tensor() if hasattr(t, 'full_tensor') else t
 
 def _rel(a, b) -> float: return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
@@ -62,6 +62,28 @@ def _rel(a, b) -> float: return ((a - b).abs().max() / b.abs().max().clamp_min(1
 # implementation computes is rounding noise (≈1e-10), which Adam then normalises to full ±lr steps. Not comparable.
 NOISE_ONLY = ('attention.wk.bias',)
 
+def _reference_step(ref, ref_opt, o, tokens, labels, extra: dict, out: dict):
+    "One optimizer step of the single-process reference `ref`; its loss and gradient norm go to `out`."
+    ref_opt.zero_grad()
+    ref_inputs = {k: v for k, v in extra.items() if k != 'nsp_labels'}
+    counts = LossCounts(max((labels != IGNORE_INDEX).sum().item(), 1), labels.shape[0])
+    loss = pretraining_loss(ref(tokens, **ref_inputs), labels, counts, extra.get('nsp_labels'))
+    loss.backward()
+    out['ref_loss'].append(loss.item())
+    out['ref_norm'].append(torch.nn.utils.clip_grad_norm_(ref.parameters(), o.clip_grad).item())
+    ref_opt.step()
+
+def _errors(pm, ref, kv: dict, mine, theirs) -> dict:
+    "{name: relative difference} of `mine(q)` for each parameter of `pm` (whole, kv once) against `theirs(ref's)`."
+    errs = {}
+    for name, q in pm.named_parameters():
+        x = _full(mine(q))                      # before the skip: a DTensor's full_tensor is a collective
+        if name.endswith(NOISE_ONLY): continue
+        if id(q) in kv: x = unreplicate_kv(x, *kv[id(q)])
+        errs[name] = _rel(x, theirs(ref.get_parameter(name)))
+    return errs
+
+# %% ../../nbs/api/35_check.ipynb #5b9fada0
 def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed: int = 0, sabotage: str = '') -> dict:
     """Run on every rank of a world whose size fits the layout: `steps` optimizer steps of the parallel model and of the
     single-process reference on the same global batches. Returns this rank's largest relative differences.
@@ -81,14 +103,7 @@ def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed:
     for step in range(steps):
         tokens, labels, *extra = tiny_batch(r, seed=100 + step)
         extra = extra[0] if extra else {}
-        ref_opt.zero_grad()
-        ref_inputs = {k: v for k, v in extra.items() if k != 'nsp_labels'}
-        counts = LossCounts(max((labels != IGNORE_INDEX).sum().item(), 1), labels.shape[0])
-        loss = pretraining_loss(ref(tokens, **ref_inputs), labels, counts, extra.get('nsp_labels'))
-        loss.backward()
-        out['ref_loss'].append(loss.item())
-        out['ref_norm'].append(torch.nn.utils.clip_grad_norm_(ref.parameters(), o.clip_grad).item())
-        ref_opt.step()
+        _reference_step(ref, ref_opt, o, tokens, labels, extra, out)
         t0 = time.perf_counter()
         opt.zero_grad()
         out['loss'].append(
@@ -99,21 +114,13 @@ def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed:
         )
         if step == 0:   # gradients before clipping, against the reference's (clip_grad_norm_ above scaled them: undo)
             scale = min(1.0, o.clip_grad / (out['ref_norm'][0] + 1e-6))
-            for name, q in pm.named_parameters():
-                g = _full(q.grad)
-                if name.endswith(NOISE_ONLY): continue
-                if id(q) in kv: g = unreplicate_kv(g, *kv[id(q)])
-                out['grad_err'] = max(out['grad_err'], _rel(g, ref.get_parameter(name).grad / scale))
-                out.setdefault('grad_errs', {})[name] = _rel(g, ref.get_parameter(name).grad / scale)
+            out['grad_errs'] = _errors(pm, ref, kv, lambda q: q.grad, lambda p: p.grad / scale)
+            out['grad_err'] = max([out['grad_err'], *out['grad_errs'].values()])
         out['norm'].append(float(pm.clip_grad_norm_(o.clip_grad)))
         opt.step()
         out['time'] += time.perf_counter() - t0
-    for name, q in pm.named_parameters():
-        w = _full(q.detach())
-        if name.endswith(NOISE_ONLY): continue
-        if id(q) in kv: w = unreplicate_kv(w, *kv[id(q)])
-        out['param_err'] = max(out['param_err'], _rel(w, ref.get_parameter(name).detach()))
-        out.setdefault('param_errs', {})[name] = _rel(w, ref.get_parameter(name).detach())
+    out['param_errs'] = _errors(pm, ref, kv, lambda q: q.detach(), lambda p: p.detach())
+    out['param_err'] = max([out['param_err'], *out['param_errs'].values()])
     out['param_dtype'] = str(next(pm.parameters()).dtype)
     out['loss_err'] = max(abs(a - b) / abs(b) for a, b in zip(out['loss'], out['ref_loss']))
     out['norm_err'] = max(abs(a - b) / abs(b) for a, b in zip(out['norm'], out['ref_norm']))

@@ -31,7 +31,7 @@ class LossCounts:
     tokens: float = 1.0
     sequences: float = 1.0
 
-# %% ../../nbs/api/34a_loss.ipynb #9d901a48
+# %% ../../nbs/api/34a_loss.ipynb #db547a63
 def _log_softmax(logits, group=None) -> torch.Tensor:
     "fp32 log-softmax of `logits` (N, V); under TP the vocabulary is the union of the ranks' slices across `group`."
     x = logits.float()
@@ -43,6 +43,7 @@ def _log_softmax(logits, group=None) -> torch.Tensor:
     dist.all_reduce(sum_exp, group=group)
     return x.sub_(sum_exp.log_())
 
+# %% ../../nbs/api/34a_loss.ipynb #aee8cd4a
 def _fused_chunk(x, weight, bias, y, ignore_index: int, grad_x, grad_w, grad_b, group=None, vocab_start: int = 0):
     """One chunk's sum of −log p(target) over the targets in this rank's vocabulary slice; with `grad_x` it writes the
     chunk's gradient of `x` there (a partial sum under TP) and adds to `grad_w`, `grad_b`."""
@@ -67,6 +68,7 @@ def _fused_chunk(x, weight, bias, y, ignore_index: int, grad_x, grad_w, grad_b, 
     if grad_b is not None: grad_b += (d_logits * keep).sum(0, dtype=torch.float32)
     return loss   # the chunk's logits die here, before the next chunk's exist
 
+# %% ../../nbs/api/34a_loss.ipynb #df17ff62
 def _compute_dtype(t) -> torch.dtype:
     "The dtype autocast computes a matmul of `t` in."
     kind = t.device.type

@@ -7,6 +7,8 @@ around a ring."""
 from __future__ import annotations
 import math
 import torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist
+from ..errors import RecipeError
+from ..validate import sequence_problems
 
 # %% auto #0
 __all__ = ['cp_positions', 'cp_shard', 'cp_unshard', 'ring_pass', 'block_attention', 'merge_blocks', 'ring_attention',
@@ -16,7 +18,7 @@ __all__ = ['cp_positions', 'cp_shard', 'cp_unshard', 'ring_pass', 'block_attenti
 def cp_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
     "Global positions (seq_len / cp,) of the tokens that CP rank `rank` holds: chunks `rank` and `2·cp−1−rank`."
     if cp == 1: return torch.arange(seq_len)
-    if seq_len % (2 * cp): raise ValueError(f"sequence length {seq_len} is not divisible by 2×cp={2 * cp}")
+    if problems := sequence_problems(seq_len, cp): raise RecipeError(problems[0])
     c = seq_len // (2 * cp)
     return torch.cat(
         [torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * cp - 1 - rank) * c, (2 * cp - rank) * c)]

@@ -59,6 +59,7 @@ def _diagnose(failures: dict, procs, out) -> str:
     first, rest = msgs[order[0]], [msgs[r].split('\n')[0] for r in order[1:]]
     return first + (('\nother ranks: ' + '; '.join(rest)) if rest else '')
 
+# %% ../../nbs/api/31_spawn.ipynb #78f85838
 def run_distributed(
     fn, world: int, *args, timeout: float = 60, threads: int = 1, env: dict | None = None, **kwargs
 ) -> list:

@@ -11,7 +11,7 @@ import torch, torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from ..config import Recipe, ParallelConfig
 from ..errors import RecipeError
-from ..validate import validate
+from ..validate import validate, world_problems
 
 # %% auto #0
 __all__ = ['BACKENDS', 'MESH_DIMS', 'neuron_available', 'resolve_device', 'backend_for', 'LaunchEnv', 'launch_env',
@@ -138,13 +138,8 @@ class ParallelState:
 _STATE: ParallelState | None = None
 
 def layout_problems(tp=1, pp=1, cp=1, world=None) -> list[str]:
-    "Why (tp, pp, cp) cannot run on `world` ranks; empty when it can."
-    world = world or (dist.get_world_size() if dist.is_initialized() else 1)
-    out = [f"parallel.{k}={v}: must be ≥ 1" for k, v in dict(tp=tp, pp=pp, cp=cp).items() if v < 1]
-    if not out and world % (tp * pp * cp):
-        out.append(f"world size {world} is not divisible by tp×pp×cp={tp * pp * cp}: change the number of processes "
-                   "or the layout")
-    return out
+    "Why (tp, pp, cp) cannot run on `world` ranks (default: this process group's); validate's rule, nothing restated."
+    return world_problems(tp, pp, cp, world or (dist.get_world_size() if dist.is_initialized() else 1))
 
 def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
                               context_parallel_size: int = 1, device: str = 'auto') -> ParallelState:

@@ -7,6 +7,7 @@ data-parallel ranks."""
 from __future__ import annotations
 import torch, torch.distributed as dist
 import torch.nn.functional as F
+from fastcore.basics import patch
 from torch.distributed.tensor import DTensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
@@ -98,6 +99,7 @@ def partition_params(params: list, n: int) -> list[int]:
         load[r] += local(params[i]).numel()
     return owner
 
+# %% ../../nbs/api/33_zero.ipynb #75749824
 class Zero1Optimizer(torch.optim.Optimizer):
     """Wrap optimizer class `optim_cls` so that its state is sharded over `group` (ZeRO stage 1). `params`: tensors or
     groups."""
@@ -118,55 +120,63 @@ class Zero1Optimizer(torch.optim.Optimizer):
             if set_to_none: p.grad = None
             elif p.grad is not None: p.grad.zero_()
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        for mine, outer in zip(self.inner.param_groups, self.param_groups):  # follow schedulers' changes to lr etc.
-            mine.update({k: v for k, v in outer.items() if k != 'params'})
-        self.inner.step()
-        if self.n > 1:
-            for r in range(self.n):
-                owned = [local(p) for p, o in zip(self.all_params, self.owner) if o == r]
-                if not owned: continue
-                src = dist.get_global_rank(self.group, r)
-                for b in _buckets(owned, 25.0):
-                    flat = (
-                        _flatten_dense_tensors(b)
-                        if r == self.rank
-                        else torch.empty(sum(t.numel() for t in b), dtype=b[0].dtype)
-                    )
-                    dist.broadcast(flat, src=src, group=self.group)
-                    if r != self.rank:
-                        for t, f in zip(b, _unflatten_dense_tensors(flat, b)): t.copy_(f)
-
     def state_dict(self): return self.inner.state_dict()
     def load_state_dict(self, sd): self.inner.load_state_dict(sd)
 
-    def flat_state_dict(self, module: torch.nn.Module) -> dict:
-        """The state of the parameters this rank owns, flattened and keyed by `module`'s parameter names the way
-        `torch.distributed.checkpoint.state_dict` flattens an optimizer ('state.<name>.<key>',
-        'param_groups.<name>.<key>'), so DCP saves and reshards it like any optimizer's. Before the first step a
-        no-op step (lr 0, zero gradients) creates the state, as the template a load fills in."""
-        names = {id(p): n for n, p in module.named_parameters()}
-        owned = [p for p, o in zip(self.all_params, self.owner) if o == self.rank]
-        if owned and not self.inner.state:
-            lrs = [g['lr'] for g in self.inner.param_groups]
-            for g in self.inner.param_groups: g['lr'] = 0.0
-            for p in owned: p.grad = torch.zeros_like(p)
-            self.inner.step()
-            for g, lr in zip(self.inner.param_groups, lrs): g['lr'] = lr
-            for p in owned: p.grad = None
-        out = {f'state.{names[id(p)]}.{k}': v for p in owned for k, v in self.inner.state[p].items()}
-        for g, inner in zip(self.param_groups, self.inner.param_groups):   # the inner group has every hyperparameter
-            hyper = {k: v for k, v in {**inner, **g}.items() if k != 'params'}
-            out.update({f'param_groups.{names[id(p)]}.{k}': v for p in g['params'] for k, v in hyper.items()})
-        return out
+# %% ../../nbs/api/33_zero.ipynb #56089af6
+@patch
+@torch.no_grad()
+def step(self: Zero1Optimizer, closure=None):
+    for mine, outer in zip(self.inner.param_groups, self.param_groups):  # follow schedulers' changes to lr etc.
+        mine.update({k: v for k, v in outer.items() if k != 'params'})
+    self.inner.step()
+    if self.n > 1:
+        for r in range(self.n):
+            owned = [local(p) for p, o in zip(self.all_params, self.owner) if o == r]
+            if not owned: continue
+            src = dist.get_global_rank(self.group, r)
+            for b in _buckets(owned, 25.0):
+                flat = (
+                    _flatten_dense_tensors(b)
+                    if r == self.rank
+                    else torch.empty(sum(t.numel() for t in b), dtype=b[0].dtype)
+                )
+                dist.broadcast(flat, src=src, group=self.group)
+                if r != self.rank:
+                    for t, f in zip(b, _unflatten_dense_tensors(flat, b)): t.copy_(f)
 
-    def load_flat_state_dict(self, sd: dict, module: torch.nn.Module):
-        """Take the hyperparameters of `sd` (a `flat_state_dict` that DCP filled); its state tensors were loaded in
-        place."""
-        names = {id(p): n for n, p in module.named_parameters()}
-        for g in self.param_groups:
-            g.update({k: sd[f'param_groups.{names[id(g["params"][0])]}.{k}'] for k in g if k != 'params'})
+# %% ../../nbs/api/33_zero.ipynb #ac004462
+@patch
+def flat_state_dict(self: Zero1Optimizer, module: torch.nn.Module) -> dict:
+    """The state of the parameters this rank owns, flattened and keyed by `module`'s parameter names the way
+    `torch.distributed.checkpoint.state_dict` flattens an optimizer ('state.<name>.<key>',
+    'param_groups.<name>.<key>'), so DCP saves and reshards it like any optimizer's. Before the first step a
+    no-op step (lr 0, zero gradients) creates the state, as the template a load fills in."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    owned = [p for p, o in zip(self.all_params, self.owner) if o == self.rank]
+    if owned and not self.inner.state:
+        lrs = [g['lr'] for g in self.inner.param_groups]
+        for g in self.inner.param_groups: g['lr'] = 0.0
+        for p in owned: p.grad = torch.zeros_like(p)
+        self.inner.step()
+        for g, lr in zip(self.inner.param_groups, lrs): g['lr'] = lr
+        for p in owned: p.grad = None
+    out = {f'state.{names[id(p)]}.{k}': v for p in owned for k, v in self.inner.state[p].items()}
+    for g, inner in zip(self.param_groups, self.inner.param_groups):   # the inner group has every hyperparameter
+        hyper = {k: v for k, v in {**inner, **g}.items() if k != 'params'}
+        out.update({f'param_groups.{names[id(p)]}.{k}': v for p in g['params'] for k, v in hyper.items()})
+    return out
+
+@patch
+def load_flat_state_dict(self: Zero1Optimizer, sd: dict, module: torch.nn.Module):
+    """Take the hyperparameters of `sd` (a `flat_state_dict` that DCP filled); its state tensors were loaded in
+    place."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    for g in self.param_groups:
+        g.update({k: sd[f'param_groups.{names[id(g["params"][0])]}.{k}'] for k in g if k != 'params'})
+
+
+
 
 # %% ../../nbs/api/33_zero.ipynb #0d55cdeb
 ELEMENTWISE = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)   # optimizers whose update is per element
@@ -176,6 +186,7 @@ def _flat_values(tensors: list, n: int) -> torch.Tensor:
     flat = torch.cat([t.reshape(-1) for t in tensors])
     return F.pad(flat, (0, -flat.numel() % n))
 
+# %% ../../nbs/api/33_zero.ipynb #0840614c
 class FlatZero1Optimizer(Zero1Optimizer):
     """ZeRO-1 with each group's parameters one flat buffer in `n` equal slices: every rank holds the same optimizer
     bytes."""
@@ -205,71 +216,78 @@ class FlatZero1Optimizer(Zero1Optimizer):
         _all_gather_single(full, shard.contiguous(), group=self.group)
         return full
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        for mine, outer in zip(self.inner.param_groups, self.param_groups):  # follow schedulers' changes to lr etc.
-            mine.update({k: v for k, v in outer.items() if k != 'params'})
-        for g, shard in zip(self.param_groups, self.shards):
-            ts = [local(p) for p in g['params']]
-            shard.copy_(self._slice(_flat_values(ts, self.n)))  # the weights as they are now (a load may have set them)
-            grads = [local(p.grad) if p.grad is not None else torch.zeros_like(t) for p, t in zip(g['params'], ts)]
-            shard.grad = self._slice(_flat_values(grads, self.n)).clone()
-        self.inner.step()
-        for g, shard in zip(self.param_groups, self.shards):
-            ts = [local(p) for p in g['params']]
-            full = self._gather(shard)
-            for t, f in zip(ts, full[:sum(t.numel() for t in ts)].split([t.numel() for t in ts])): t.copy_(f.view_as(t))
-            shard.grad = None
+# %% ../../nbs/api/33_zero.ipynb #be01e5d3
+@patch
+@torch.no_grad()
+def step(self: FlatZero1Optimizer, closure=None):
+    for mine, outer in zip(self.inner.param_groups, self.param_groups):  # follow schedulers' changes to lr etc.
+        mine.update({k: v for k, v in outer.items() if k != 'params'})
+    for g, shard in zip(self.param_groups, self.shards):
+        ts = [local(p) for p in g['params']]
+        shard.copy_(self._slice(_flat_values(ts, self.n)))  # the weights as they are now (a load may have set them)
+        grads = [local(p.grad) if p.grad is not None else torch.zeros_like(t) for p, t in zip(g['params'], ts)]
+        shard.grad = self._slice(_flat_values(grads, self.n)).clone()
+    self.inner.step()
+    for g, shard in zip(self.param_groups, self.shards):
+        ts = [local(p) for p in g['params']]
+        full = self._gather(shard)
+        for t, f in zip(ts, full[:sum(t.numel() for t in ts)].split([t.numel() for t in ts])): t.copy_(f.view_as(t))
+        shard.grad = None
 
-    def _ensure_state(self):
-        "A no-op step (lr 0, zero gradients) creates the state, as the template a load fills in."
-        if self.inner.state: return
-        lrs = [g['lr'] for g in self.inner.param_groups]
-        for g in self.inner.param_groups: g['lr'] = 0.0
-        for s in self.shards: s.grad = torch.zeros_like(s)
-        self.inner.step()
-        for g, lr in zip(self.inner.param_groups, lrs): g['lr'] = lr
-        for s in self.shards: s.grad = None
+# %% ../../nbs/api/33_zero.ipynb #91b23d3d
+@patch
+def _ensure_state(self: FlatZero1Optimizer):
+    "A no-op step (lr 0, zero gradients) creates the state, as the template a load fills in."
+    if self.inner.state: return
+    lrs = [g['lr'] for g in self.inner.param_groups]
+    for g in self.inner.param_groups: g['lr'] = 0.0
+    for s in self.shards: s.grad = torch.zeros_like(s)
+    self.inner.step()
+    for g, lr in zip(self.inner.param_groups, lrs): g['lr'] = lr
+    for s in self.shards: s.grad = None
 
-    def flat_state_dict(self, module: torch.nn.Module) -> dict:
-        "`Zero1Optimizer.flat_state_dict`'s keys and values: whole state tensors of the parameters this rank owns."
-        names = {id(p): n for n, p in module.named_parameters()}
-        self._ensure_state()
-        out = {}
-        for g, shard in zip(self.param_groups, self.shards):
-            ts = [local(p) for p in g['params']]
-            for k, v in self.inner.state[shard].items():
-                full = v if v.ndim == 0 else self._gather(v)
-                pieces = (
-                    [v] * len(ts) if v.ndim == 0 else full[: sum(t.numel() for t in ts)].split([t.numel() for t in ts])
-                )
-                for p, t, piece in zip(g['params'], ts, pieces):
-                    if self.owns[id(p)]:
-                        out[f'state.{names[id(p)]}.{k}'] = (piece.view_as(t) if v.ndim else piece).clone()
-        for g, inner in zip(self.param_groups, self.inner.param_groups):
-            hyper = {k: v for k, v in {**inner, **g}.items() if k != 'params'}
-            out.update({f'param_groups.{names[id(p)]}.{k}': v for p in g['params'] for k, v in hyper.items()})
-        return out
+@patch
+def flat_state_dict(self: FlatZero1Optimizer, module: torch.nn.Module) -> dict:
+    "`Zero1Optimizer.flat_state_dict`'s keys and values: whole state tensors of the parameters this rank owns."
+    names = {id(p): n for n, p in module.named_parameters()}
+    self._ensure_state()
+    out = {}
+    for g, shard in zip(self.param_groups, self.shards):
+        ts = [local(p) for p in g['params']]
+        for k, v in self.inner.state[shard].items():
+            full = v if v.ndim == 0 else self._gather(v)
+            pieces = (
+                [v] * len(ts) if v.ndim == 0 else full[: sum(t.numel() for t in ts)].split([t.numel() for t in ts])
+            )
+            for p, t, piece in zip(g['params'], ts, pieces):
+                if self.owns[id(p)]:
+                    out[f'state.{names[id(p)]}.{k}'] = (piece.view_as(t) if v.ndim else piece).clone()
+    for g, inner in zip(self.param_groups, self.inner.param_groups):
+        hyper = {k: v for k, v in {**inner, **g}.items() if k != 'params'}
+        out.update({f'param_groups.{names[id(p)]}.{k}': v for p in g['params'] for k, v in hyper.items()})
+    return out
 
-    @torch.no_grad()
-    def load_flat_state_dict(self, sd: dict, module: torch.nn.Module):
-        "Scatter the whole state tensors that DCP loaded (on their owners) back into every rank's slices."
-        super().load_flat_state_dict(sd, module)
-        names = {id(p): n for n, p in module.named_parameters()}
-        for g, shard in zip(self.param_groups, self.shards):
-            ts = [local(p) for p in g['params']]
-            for k, v in self.inner.state[shard].items():
-                mine = [sd.get(f'state.{names[id(p)]}.{k}') if self.owns[id(p)] else None
-                        for p in g['params']]
-                if v.ndim == 0:   # the step count: the same for every parameter
-                    have = [m.reshape(()).to(v.dtype) for m in mine if m is not None]
-                    val = torch.stack(have).max() if have else torch.zeros((), dtype=v.dtype)
-                    if self.n > 1: dist.all_reduce(val, op=dist.ReduceOp.MAX, group=self.group)
-                    v.copy_(val)
-                    continue
-                parts = [m.reshape(-1).to(v.dtype) if m is not None else torch.zeros(t.numel(), dtype=v.dtype)
-                         for m, t in zip(mine, ts)]
-                # each element comes from exactly one owner: a sum puts them together
-                full = _flat_values(parts, self.n)
-                if self.n > 1: dist.all_reduce(full, group=self.group)
-                v.copy_(self._slice(full))
+# %% ../../nbs/api/33_zero.ipynb #7f556b32
+@patch
+@torch.no_grad()
+def load_flat_state_dict(self: FlatZero1Optimizer, sd: dict, module: torch.nn.Module):
+    "Scatter the whole state tensors that DCP loaded (on their owners) back into every rank's slices."
+    super(FlatZero1Optimizer, self).load_flat_state_dict(sd, module)
+    names = {id(p): n for n, p in module.named_parameters()}
+    for g, shard in zip(self.param_groups, self.shards):
+        ts = [local(p) for p in g['params']]
+        for k, v in self.inner.state[shard].items():
+            mine = [sd.get(f'state.{names[id(p)]}.{k}') if self.owns[id(p)] else None
+                    for p in g['params']]
+            if v.ndim == 0:   # the step count: the same for every parameter
+                have = [m.reshape(()).to(v.dtype) for m in mine if m is not None]
+                val = torch.stack(have).max() if have else torch.zeros((), dtype=v.dtype)
+                if self.n > 1: dist.all_reduce(val, op=dist.ReduceOp.MAX, group=self.group)
+                v.copy_(val)
+                continue
+            parts = [m.reshape(-1).to(v.dtype) if m is not None else torch.zeros(t.numel(), dtype=v.dtype)
+                     for m, t in zip(mine, ts)]
+            # each element comes from exactly one owner: a sum puts them together
+            full = _flat_values(parts, self.n)
+            if self.n > 1: dist.all_reduce(full, group=self.group)
+            v.copy_(self._slice(full))

@@ -137,14 +137,14 @@ def checkpoint_tensors(checkpoint) -> tuple[dict, callable]:
 
 # %% ../../nbs/api/45_hf.ipynb #32fc2faf
 def export_hf(checkpoint, out, recipe: Recipe | None = None, dtype=None, max_shard_gb: float = 5.0) -> Path:
-    """Write checkpoint `checkpoint` as an HF folder `out` (config.json + safetensors); `dtype` e.g. torch.bfloat16 to
-    cast."""
+    """Write checkpoint `checkpoint` (nxpretrain's, or another engine's: Megatron-LM's torch_dist) as an HF folder `out`
+    (config.json + safetensors); `dtype` e.g. torch.bfloat16 to cast."""
     from nxpretrain.models.hf_mapping import to_hf_config, hf_tensors
     from nxpretrain.models.registry import family
-    r = recipe or checkpoint_recipe(checkpoint)
+    from nxpretrain.launch.engine import engine_for_checkpoint
+    r, names, take = engine_for_checkpoint(checkpoint).read_checkpoint(checkpoint, recipe)
     fam = family(r.model.arch)
-    meta, take = checkpoint_tensors(checkpoint)
-    tensors = ((k, v if dtype is None else v.to(dtype)) for k, v in hf_tensors(r.model, take, meta.__contains__)
+    tensors = ((k, v if dtype is None else v.to(dtype)) for k, v in hf_tensors(r.model, take, set(names).__contains__)
                if not (k == fam.hf.tied_head and r.model.tie_embeddings))  # transformers re-ties it from the embedding
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -350,7 +350,7 @@ class Trainer:
         pn = self.model.param_norm().item()
         self.log(f"step {s.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {gnorm.item():.3f} | "
                  f"parameter_norm {pn:.2f} | tokens/s {tps:.0f} | mfu {mfu:.3f} | consumed_samples "
-                 f"{s.consumed_samples}")
+                 f"{s.consumed_samples} | s/step {self.win_time / self.win_steps:.3f}")
         self.scalars.write(s.step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps,
                            mfu=mfu, consumed_samples=s.consumed_samples, skipped_steps=s.skipped_steps)
         self.win_time, self.win_steps = 0.0, 0
