@@ -49,8 +49,15 @@ MASTER_PORT=${{MASTER_PORT:-2022}}
 DISTRIBUTED_ARGS=(--nproc_per_node {devices} --nnodes "$NNODES" --node_rank "$NODE_RANK"
                   --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
 cd "$here"
+# neuron_parallel_compile sets NEURON_EXTRACT_GRAPHS_ONLY: its 5 steps compute placeholders, so they run in a folder of
+# their own and neither resume nor save (the training job must not resume from them)
+traced=()
+if [ -n "${{NEURON_EXTRACT_GRAPHS_ONLY:-}}" ]; then
+    traced=(--max-steps 5 --out-dir "$here/runs/compile" trainer.resume=false trainer.save_every=0
+            trainer.save_every_minutes=0)
+fi
 {python} -m torch.distributed.run "${{DISTRIBUTED_ARGS[@]}}" -m nxpretrain.train.entry --recipe "$here/recipe.yaml" \
-    --out-dir "$here/runs" --data-root {data_root} --no-progress ${{NEURON_EXTRACT_GRAPHS_ONLY:+--max-steps 5}} "$@"
+    --out-dir "$here/runs" --data-root {data_root} --no-progress "${{traced[@]}}" "$@"
 """
 
 # %% ../../nbs/api/49c_native.ipynb #a5dcacbf
