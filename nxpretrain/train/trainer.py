@@ -192,13 +192,11 @@ def _optimizer(pm, recipe: Recipe):
     cls, kw = optimizer_spec(recipe.optim, **({'fused': True} if fused else {'foreach': False}))
     return pm.build_optimizer(cls, **kw)
 
-def _start(recipe: Recipe, run_dir: Path, st, log, resume_from, weights_only, async_save):
-    "Model, optimizer, checkpointer and the resumed trainer state (or None)."
+def _start(recipe: Recipe, run_dir: Path, model, log, resume_from, weights_only, async_save):
+    "The optimizer of `model`, the checkpointer and the resumed trainer state (or None)."
     import torch
-    from nxpretrain.parallel.engine import build_parallel_model
     from nxpretrain.train.checkpoint import Checkpointer, TrainingStateDict, load_weights, rank
     tr = recipe.trainer
-    model = build_parallel_model(recipe, st, seed=tr.seed)
     optimizer = _optimizer(model, recipe)
     # each rank its own dropout stream; a resume restores it from the checkpoint
     torch.manual_seed(tr.seed + 1 + rank())
@@ -216,15 +214,15 @@ def _start(recipe: Recipe, run_dir: Path, st, log, resume_from, weights_only, as
         state = states.state_dict()
         resumed = ck.load(state, path=found, verified=True, aliases=states.aliases)
         states.load_state_dict(state)
-    return model, optimizer, ck, resumed
+    return optimizer, ck, resumed
 
 # %% ../../nbs/api/43_trainer.ipynb #994612c9
 class Trainer:
     "One training run of `recipe` in this process (one CPU, or one rank of a torchrun job)."
     def __init__(self, recipe: Recipe, out_dir: str | None = None, max_steps: int | None = None, *, datasets=None,
                  resume_from: str | None = None, weights_only: bool = False, async_save: bool = False,
-                 progress: bool = True):
-        self.recipe, self.datasets = recipe, datasets
+                 progress: bool = True, data_root: str = 'runs/data'):
+        self.recipe, self.datasets, self.data_root = recipe, datasets, str(data_root)
         self.max_steps = max_steps or recipe.trainer.max_steps
         self.run_dir = Path(out_dir or recipe.trainer.out_dir) / recipe.name
         self.resume_from, self.weights_only, self.async_save, self.progress = (
@@ -255,12 +253,14 @@ class Trainer:
         self.recipe = precision_for_device(self.recipe, self.st.torch_device, self.log)
         if self.is_main: to_yaml(self.recipe, self.run_dir / 'recipe.yaml')
         t_model = time.perf_counter()
-        self.model, self.optimizer, self.ck, resumed = _start(self.recipe, self.run_dir, self.st, self.log,
-                                                              self.resume_from, self.weights_only, self.async_save)
+        self.model = self.build_model()
+        self.optimizer, self.ck, resumed = _start(self.recipe, self.run_dir, self.model, self.log, self.resume_from,
+                                                  self.weights_only, self.async_save)
         self.state = TrainState.from_state_dict(resumed)
         t_data = time.perf_counter()
         d = self.recipe.data
-        self.train_ds, self.valid_ds, _ = self.datasets or build_datasets(self.recipe, self.max_steps * d.global_batch)
+        n = self.max_steps * d.global_batch
+        self.train_ds, self.valid_ds, _ = self.datasets or build_datasets(self.recipe, n, self.data_root)
         self.setup_s = dict(distributed=t_model - self.t_entry, model_and_resume=t_data - t_model,
                             data=time.perf_counter() - t_data)
         self.result = TrainResult(out_dir=str(self.run_dir), start_step=self.state.step, final_step=self.state.step)
@@ -313,7 +313,7 @@ class Trainer:
 
     def log_step(self, loss: float, gnorm, lr: float, dt: float):
         "The step's line in `steps.jsonl`, the progress bar, and every `log_every` steps the seeds' line and scalars."
-        from nxpretrain.perf import mfu as model_flops_utilisation, peak_tflops
+        from nxpretrain.perf import mfu as model_flops_utilisation
         from nxpretrain.models.config import padded_vocab
         s, r, res = self.state, self.recipe, self.result
         self.step_time += dt
@@ -330,7 +330,7 @@ class Trainer:
             self.scalars.write(s.step, loss=loss, lr=lr)
             return
         tps = self.win_steps * r.data.global_batch * r.model.seq_len / self.win_time
-        peak = peak_tflops(r.parallel.precision, self.st.torch_device.type)
+        peak = self.peak_tflops()
         mfu = model_flops_utilisation(tps / self.n_world, r.model, peak, padded_vocab(r.model, r.parallel.tp))
         pn = self.model.param_norm().item()
         self.log(f"step {s.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {gnorm.item():.3f} | "
@@ -393,9 +393,8 @@ class Trainer:
 
     def run(self) -> TrainResult:
         "Train to `max_steps` (or a stop); see `TrainResult`."
-        from nxpretrain.parallel.state import parallel_session
         self.t_entry = time.perf_counter()   # process group, model and data count towards the time to the first step
-        with parallel_session(self.recipe) as state, StopFlag() as stop:
+        with self.session() as state, StopFlag() as stop:
             self.start(state)
             try:
                 while self.state.step < self.max_steps:
@@ -429,9 +428,33 @@ class Trainer:
                            loss=res.losses[-1] if res.losses else None, tokens_per_s=round(res.tokens_per_s, 1))
         return res
 
-# %% ../../nbs/api/43_trainer.ipynb #552c8728
+# %% ../../nbs/api/43_trainer.ipynb #59f53d73
 from fastcore.basics import patch
 
+@patch
+def session(self: Trainer):
+    "The process group and mesh of the run (`parallel_session`): what `start` gets as `state`."
+    from nxpretrain.parallel.state import parallel_session
+    return parallel_session(self.recipe)
+
+@patch
+def build_model(self: Trainer):
+    "This rank's `ParallelModel` on the mesh `self.st`, initialised from `trainer.seed` identically under any layout."
+    if self.st.device == 'xla':
+        from nxpretrain.train.xla import build_xla_model
+        return build_xla_model(self.recipe, self.st)
+    from nxpretrain.parallel.engine import build_parallel_model
+    return build_parallel_model(self.recipe, self.st, seed=self.recipe.trainer.seed)
+
+@patch
+def peak_tflops(self: Trainer) -> float:
+    "The matmul peak of this process's device that the MFU figure divides by (measured once per process)."
+    from nxpretrain.perf import peak_tflops
+    from nxpretrain.clusters import profile
+    if self.st.device == 'xla': return profile(self.recipe.cluster.profile).device_tflops
+    return peak_tflops(self.recipe.parallel.precision, self.st.torch_device.type)
+
+# %% ../../nbs/api/43_trainer.ipynb #552c8728
 @patch
 def check_disk(self: Trainer):
     "Stop (or warn, `trainer.low_disk=warn`) when the checkpoint folder has no room for the checkpoints of this run."
@@ -461,7 +484,8 @@ def train(
     weights_only: bool = False,
     async_save: bool = False,
     progress: bool = True,
+    data_root: str = 'runs/data',
 ) -> TrainResult:
     "Train `recipe` in this process (one CPU, or one rank of a torchrun job); see `TrainResult`."
     return Trainer(recipe, out_dir, max_steps, datasets=datasets, resume_from=resume_from, weights_only=weights_only,
-                   async_save=async_save, progress=progress).run()
+                   async_save=async_save, progress=progress, data_root=data_root).run()
