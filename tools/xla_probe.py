@@ -74,8 +74,8 @@ def engine(dev):
         part.to(dev)
         part.tie_weights()
     ds = build_datasets(r, 64, os.environ.get('NXP_DATA_ROOT', 'runs/data'))[0]
-    tokens, labels, nsp, kw = model_inputs(concat(micro_batches(ds, 0, 8, 2, RANK, 2)), dev)
-    stage("ParallelModel.forward_backward", lambda: pm.forward_backward(tokens, labels, nsp, **kw).item())
+    tokens, labels, targets, inputs = model_inputs(concat(micro_batches(ds, 0, 8, 2, RANK, 2)), pm.objective, dev)
+    stage("ParallelModel.forward_backward", lambda: pm.forward_backward(tokens, labels, targets, **inputs).item())
     g = torch.stack([p.grad.float().sum() for p in pm.parameters() if p.grad is not None]).cpu()
     both = [torch.zeros_like(g), torch.zeros_like(g)]
     dist.all_gather(both, g)
