@@ -161,35 +161,40 @@ class MlmNsp(Objective):
         if sums[2] <= 0: return {}
         return {'nsp_loss': float(sums[0] / sums[2]), 'nsp_accuracy': float(sums[1] / sums[2])}
 
-    def datasets(self, recipe, data_root: str):
-        "The seed's HDF5 shards as they are, or samples made from the indexed corpus."
-        from nxpretrain.data.blocks import bert_hdf5_shards, bert_special_ids, build_bert_datasets
-        from nxpretrain.data.prepare import ensure_dataset
-        from nxpretrain.data.tokenizers import get_tokenizer
-        from nxpretrain.data.archive import BERT_HDF5_TARS, bert_hdf5_folder
-        d, m = recipe.data, recipe.model
-        corpus = str(bert_hdf5_folder(d.corpus, data_root)) if d.corpus in BERT_HDF5_TARS else d.corpus   # by name
-        if bert_hdf5_shards(corpus): return build_bert_datasets(corpus, m.seq_len, d.split, recipe.trainer.seed)
-        special = bert_special_ids(get_tokenizer(d.tokenizer, data_root), m.vocab_size)   # before tokenising
-        prefix = ensure_dataset(d, root=data_root, vocab_size=m.vocab_size)
-        return build_bert_datasets(prefix, m.seq_len, d.split, recipe.trainer.seed, special, m.vocab_size)
-
-    def example(self, tokens, labels, generator=None) -> tuple:
-        "MLM labels on ~15 % of positions, two segments, padding at the end of every other row (fixed: none)."
-        b, s = tokens.shape
-        if generator is None:
-            return labels, {'nsp_labels': torch.zeros(b, dtype=torch.long, device=tokens.device)}, {
-                'token_types': torch.zeros_like(tokens), 'attention_mask': torch.ones_like(tokens)}
-        masked = torch.rand(tokens.shape, generator=generator) < 0.15
-        mlm = torch.where(masked, labels, torch.full_like(tokens, IGNORE_INDEX))
-        types = (torch.arange(s) >= s // 2).long().expand(b, -1).contiguous()
-        mask = torch.ones_like(tokens)
-        mask[::2, -3:] = 0
-        mlm[mask == 0] = IGNORE_INDEX
-        nsp = torch.randint(0, 2, (b,), generator=generator)
-        return mlm, {'nsp_labels': nsp}, {'token_types': types, 'attention_mask': mask}
-
 MLM_NSP = MlmNsp()
+
+# %% ../../nbs/api/24_bert.ipynb #fea2c103
+from fastcore.basics import patch
+
+@patch
+def datasets(self: MlmNsp, recipe, data_root: str):
+    "The seed's HDF5 shards as they are, or samples made from the indexed corpus."
+    from nxpretrain.data.blocks import bert_hdf5_shards, bert_special_ids, build_bert_datasets
+    from nxpretrain.data.prepare import ensure_dataset
+    from nxpretrain.data.tokenizers import get_tokenizer
+    from nxpretrain.data.archive import BERT_HDF5_TARS, bert_hdf5_folder
+    d, m = recipe.data, recipe.model
+    corpus = str(bert_hdf5_folder(d.corpus, data_root)) if d.corpus in BERT_HDF5_TARS else d.corpus   # by name
+    if bert_hdf5_shards(corpus): return build_bert_datasets(corpus, m.seq_len, d.split, recipe.trainer.seed)
+    special = bert_special_ids(get_tokenizer(d.tokenizer, data_root), m.vocab_size)   # before tokenising
+    prefix = ensure_dataset(d, root=data_root, vocab_size=m.vocab_size)
+    return build_bert_datasets(prefix, m.seq_len, d.split, recipe.trainer.seed, special, m.vocab_size)
+
+@patch
+def example(self: MlmNsp, tokens, labels, generator=None) -> tuple:
+    "MLM labels on ~15 % of positions, two segments, padding at the end of every other row (fixed: none)."
+    b, s = tokens.shape
+    if generator is None:
+        return labels, {'nsp_labels': torch.zeros(b, dtype=torch.long, device=tokens.device)}, {
+            'token_types': torch.zeros_like(tokens), 'attention_mask': torch.ones_like(tokens)}
+    masked = torch.rand(tokens.shape, generator=generator) < 0.15
+    mlm = torch.where(masked, labels, torch.full_like(tokens, IGNORE_INDEX))
+    types = (torch.arange(s) >= s // 2).long().expand(b, -1).contiguous()
+    mask = torch.ones_like(tokens)
+    mask[::2, -3:] = 0
+    mlm[mask == 0] = IGNORE_INDEX
+    nsp = torch.randint(0, 2, (b,), generator=generator)
+    return mlm, {'nsp_labels': nsp}, {'token_types': types, 'attention_mask': mask}
 
 # %% ../../nbs/api/24_bert.ipynb #5e5055e3
 BERT_FAMILY = register_family(ModelFamily(

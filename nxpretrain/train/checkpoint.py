@@ -387,6 +387,7 @@ def _open(self: Checkpointer, d: Path, trainer_state: dict):
         f.flush()
         os.fsync(f.fileno())   # on disk before the marker names it
 
+# %% ../../nbs/api/41_checkpoint.ipynb #598f638f
 @patch
 def _write(self: Checkpointer, d: Path, state: dict, planner=None, pg=None):
     "Every rank's shards and its report; then, on rank 0, the marker, the `on_complete` hook and the pruning."
@@ -415,6 +416,7 @@ def _write_in_background(self: Checkpointer, d: Path, state: dict, planner=None)
     self._thread = threading.Thread(target=background, name=f'checkpoint-{checkpoint_step(d)}', daemon=True)
     self._thread.start()
 
+# %% ../../nbs/api/41_checkpoint.ipynb #f185f406
 @patch
 def wait_staged(self: Checkpointer):
     """Block until the save in flight has copied the state: call it before anything changes the saved tensors (the

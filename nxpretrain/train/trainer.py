@@ -276,161 +276,174 @@ class Trainer:
                  f"{self.n_world} process(es) on {self.st.torch_device}")
         return self
 
-    def step(self, stop) -> tuple:
-        "One optimizer step: (loss, grad norm, lr, whether a stop was signalled, whether a time-based save is due)."
-        import torch, torch.distributed as dist
-        from nxpretrain.train.optim import lr_at
-        d, s = self.recipe.data, self.state
-        lr = lr_at(s.step, self.recipe.optim, self.max_steps)
-        for g in self.optimizer.param_groups: g['lr'] = lr
-        batches = micro_batches(self.train_ds, s.consumed_samples, d.global_batch, d.micro_batch, self.st.rank('dp'),
-                                self.st.dp)
-        tokens, labels, targets, inputs = model_inputs(concat(batches), self.model.objective, self.st.torch_device)
-        loss = self.model.forward_backward(tokens, labels, targets, **inputs)
-        gnorm = self.model.clip_grad_norm_(self.recipe.optim.clip_grad)
-        time_due = self.ck.time_due(self.recipe.trainer.save_every_minutes)
-        mine = loss.item() if self.is_main else 0.0   # every rank has the global loss: rank 0's goes to all
-        flags = torch.tensor([mine, stop.signal is not None, time_due], dtype=torch.float64)
-        if self.n_world > 1: dist.all_reduce(flags)   # one collective: the loss, and any rank's stop or save request
-        loss = flags[0].item()
-        self.ck.wait_staged()  # an async save still copying the weights must finish copying before they change
-        self._update(loss, gnorm)
-        s.step, s.consumed_samples = s.step + 1, s.consumed_samples + d.global_batch
-        return loss, gnorm, lr, flags[1].item() > 0, flags[2].item() > 0
-
-    def _update(self, loss: float, gnorm):
-        "The optimizer step, skipped when the loss or gradient norm is not finite."
-        import torch
-        if math.isfinite(loss) and torch.isfinite(gnorm):
-            self.optimizer.step()
-            self.nonfinite = 0
-        else:
-            self.state.skipped_steps += 1
-            self.nonfinite += 1
-            self.log(f"step {self.state.step + 1}: loss {loss} / grad norm {gnorm.item()} not finite; optimizer step "
-                     f"skipped ({self.nonfinite} in a row)")
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def log_step(self, loss: float, gnorm, lr: float, dt: float):
-        "The step's line in `steps.jsonl`, the progress bar, and every `log_every` steps the seeds' line and scalars."
-        from nxpretrain.perf import mfu as model_flops_utilisation
-        from nxpretrain.models.config import padded_vocab
-        s, r, res = self.state, self.recipe, self.result
-        self.step_time += dt
-        self.win_time += dt
-        self.win_steps += 1
-        if not res.steps: self._first_step_done(dt)
-        res.steps.append(s.step)
-        res.losses.append(loss)
-        if self.steps_log:
-            self.steps_log.write(json.dumps(dict(step=s.step, loss=loss, lr=lr, grad_norm=gnorm.item(),
-                                                 consumed_samples=s.consumed_samples, time=time.time())) + '\n')
-        self.prog.update(loss, lr, s.step, s.consumed_samples)
-        if not (s.step % r.trainer.log_every == 0 or s.step == self.max_steps):
-            self.scalars.write(s.step, loss=loss, lr=lr)
-            return
-        tps = self.win_steps * r.data.global_batch * r.model.seq_len / self.win_time
-        peak = self.peak_tflops()
-        mfu = model_flops_utilisation(tps / self.n_world, r.model, peak, padded_vocab(r.model, r.parallel.tp))
-        pn = self.model.param_norm().item()
-        self.log(f"step {s.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {gnorm.item():.3f} | "
-                 f"parameter_norm {pn:.2f} | tokens/s {tps:.0f} | mfu {mfu:.3f} | consumed_samples "
-                 f"{s.consumed_samples} | s/step {self.win_time / self.win_steps:.3f}")
-        self.scalars.write(s.step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps,
-                           mfu=mfu, consumed_samples=s.consumed_samples, skipped_steps=s.skipped_steps)
-        self.win_time, self.win_steps = 0.0, 0
-
-    def _first_step_done(self, dt: float):
-        self.result.time_to_first_step_s = time.perf_counter() - self.t_entry
-        parts = ', '.join(f"{k} {v:.1f} s" for k, v in self.setup_s.items())
-        self.log(f"first step done {self.result.time_to_first_step_s:.1f} s after train() started ({parts}, step "
-                 f"{dt:.1f} s)")
-        if self.recipe.trainer.compile:
-            from nxpretrain.parallel.compile import compile_summary
-            self.log(compile_summary(self.recipe))
-
-    def evaluate(self):
-        "Validation every `eval_every` steps."
-        tr, s = self.recipe.trainer, self.state
-        if not (tr.eval_every and s.step % tr.eval_every == 0 and tr.eval_steps and self.valid_ds is not None): return
-        ev = evaluate_loss(self.model, self.valid_ds, tr.eval_steps * self.recipe.data.global_batch, self.st.rank('dp'),
-                           self.st.dp)
-        self.result.eval = ev
-        extra = {name: ev[name] for name in self.model.objective.eval_names if name in ev}
-        self.log(f"step {s.step} | validation loss {ev['loss']:.4f} | perplexity {ev['perplexity']:.2f}"
-                 + ''.join(f" | {name} {value:.4f}" for name, value in extra.items()))
-        self.scalars.write(s.step, val_loss=ev['loss'], val_ppl=ev['perplexity'],
-                           **{f'val_{name}': value for name, value in extra.items()})
-
-    def save(self, loss: float, lr: float, signalled: bool, time_due: bool):
-        "A checkpoint when the policy says so (`Checkpointer.maybe_save`)."
-        from nxpretrain.train.checkpoint import TrainingStateDict
-        from nxpretrain.config import to_dict
-        r, s, tr = self.recipe, self.state, self.recipe.trainer
-        layout = dict(tp=r.parallel.tp, pp=r.parallel.pp, cp=r.parallel.cp, dp=self.st.dp)
-        meta = dict(s.state_dict(), loss=loss, lr=lr, world=self.n_world, layout=layout, recipe=to_dict(r))
-        states = TrainingStateDict(self.model.module, self.optimizer)
-        path = self.ck.maybe_save(s.step, lambda: states.state_dict(saving=True), meta, every=tr.save_every,
-                                  every_minutes=tr.save_every_minutes, signalled=signalled,
-                                  last_step=s.step == self.max_steps, time_due=time_due)
-        if path is not None: self.result.last_checkpoint = str(path)
-
-    def stop(self, signal_name: str | None, signalled: bool) -> bool:
-        "Whether the run ends here: non-finite for too long, or a stop signal (after its checkpoint)."
-        res = self.result
-        if self.nonfinite >= MAX_NONFINITE:
-            self.log(f"stopping: loss or gradients not finite for {self.nonfinite} steps in a row (step "
-                     f"{self.state.step}); lower optim.lr, raise optim.warmup_steps or check the data, then resume "
-                     "from the last checkpoint")
-            res.stopped, res.exit_code = 'nonfinite', EXIT_NONFINITE
-            return True
-        if signalled:
-            self.log(f"stopping at step {self.state.step} on {signal_name or 'a stop signal on another rank'}: "
-                     f"checkpoint {res.last_checkpoint}; exit code {EXIT_REQUEUE} (requeue to resume)")
-            res.stopped, res.exit_code = 'signal', EXIT_REQUEUE
-            return True
-        return False
-
-    def run(self) -> TrainResult:
-        "Train to `max_steps` (or a stop); see `TrainResult`."
-        self.t_entry = time.perf_counter()   # process group, model and data count towards the time to the first step
-        with self.session() as state, StopFlag() as stop:
-            self.start(state)
-            try:
-                while self.state.step < self.max_steps:
-                    t0 = time.perf_counter()
-                    loss, gnorm, lr, signalled, time_due = self.step(stop)
-                    self.log_step(loss, gnorm, lr, time.perf_counter() - t0)
-                    if self.nonfinite < MAX_NONFINITE:
-                        self.evaluate()
-                        self.save(loss, lr, signalled, time_due)
-                    if self.stop(stop.signal, signalled): break
-            except NxpError:
-                self.prog.close()   # the one line that ends the run (a failed save) comes on a line of its own
-                raise
-            return self.finish()
-
-    def finish(self) -> TrainResult:
-        "Wait for saves, close the logs, and the run's figures."
-        self.ck.wait()
-        self.prog.close()
-        if self.steps_log: self.steps_log.close()
-        res, tokens_per_step = self.result, self.recipe.data.global_batch * self.recipe.model.seq_len
-        res.final_step = self.state.step
-        if res.last_checkpoint is None:          # nothing saved in this call (already at max_steps): the newest on disk
-            from nxpretrain.train.checkpoint import latest_checkpoint
-            ck = latest_checkpoint(self.run_dir / 'checkpoints', deep=False, log=lambda m: None)
-            res.last_checkpoint = str(ck) if ck else None
-        res.tokens_per_s = len(res.steps) * tokens_per_step / self.step_time if self.step_time else 0.0
-        self.log(f"done at step {res.final_step} ({res.stopped}); {res.tokens_per_s:.0f} tokens/s; last checkpoint "
-                 f"{res.last_checkpoint}")
-        self.scalars.close(step=res.final_step, stopped=res.stopped, exit_code=res.exit_code,
-                           loss=res.losses[-1] if res.losses else None, tokens_per_s=round(res.tokens_per_s, 1))
-        return res
-
-# %% ../../nbs/api/43_trainer.ipynb #59f53d73
+# %% ../../nbs/api/43_trainer.ipynb #e7543cc7
 from fastcore.basics import patch
 
+@patch
+def step(self: Trainer, stop) -> tuple:
+    "One optimizer step: (loss, grad norm, lr, whether a stop was signalled, whether a time-based save is due)."
+    import torch, torch.distributed as dist
+    from nxpretrain.train.optim import lr_at
+    d, s = self.recipe.data, self.state
+    lr = lr_at(s.step, self.recipe.optim, self.max_steps)
+    for g in self.optimizer.param_groups: g['lr'] = lr
+    batches = micro_batches(self.train_ds, s.consumed_samples, d.global_batch, d.micro_batch, self.st.rank('dp'),
+                            self.st.dp)
+    tokens, labels, targets, inputs = model_inputs(concat(batches), self.model.objective, self.st.torch_device)
+    loss = self.model.forward_backward(tokens, labels, targets, **inputs)
+    gnorm = self.model.clip_grad_norm_(self.recipe.optim.clip_grad)
+    time_due = self.ck.time_due(self.recipe.trainer.save_every_minutes)
+    mine = loss.item() if self.is_main else 0.0   # every rank has the global loss: rank 0's goes to all
+    flags = torch.tensor([mine, stop.signal is not None, time_due], dtype=torch.float64)
+    if self.n_world > 1: dist.all_reduce(flags)   # one collective: the loss, and any rank's stop or save request
+    loss = flags[0].item()
+    self.ck.wait_staged()  # an async save still copying the weights must finish copying before they change
+    self._update(loss, gnorm)
+    s.step, s.consumed_samples = s.step + 1, s.consumed_samples + d.global_batch
+    return loss, gnorm, lr, flags[1].item() > 0, flags[2].item() > 0
+
+@patch
+def _update(self: Trainer, loss: float, gnorm):
+    "The optimizer step, skipped when the loss or gradient norm is not finite."
+    import torch
+    if math.isfinite(loss) and torch.isfinite(gnorm):
+        self.optimizer.step()
+        self.nonfinite = 0
+    else:
+        self.state.skipped_steps += 1
+        self.nonfinite += 1
+        self.log(f"step {self.state.step + 1}: loss {loss} / grad norm {gnorm.item()} not finite; optimizer step "
+                 f"skipped ({self.nonfinite} in a row)")
+    self.optimizer.zero_grad(set_to_none=True)
+
+# %% ../../nbs/api/43_trainer.ipynb #59d6b0cc
+@patch
+def log_step(self: Trainer, loss: float, gnorm, lr: float, dt: float):
+    "The step's line in `steps.jsonl`, the progress bar, and every `log_every` steps the seeds' line and scalars."
+    from nxpretrain.perf import mfu as model_flops_utilisation
+    from nxpretrain.models.config import padded_vocab
+    s, r, res = self.state, self.recipe, self.result
+    self.step_time += dt
+    self.win_time += dt
+    self.win_steps += 1
+    if not res.steps: self._first_step_done(dt)
+    res.steps.append(s.step)
+    res.losses.append(loss)
+    if self.steps_log:
+        self.steps_log.write(json.dumps(dict(step=s.step, loss=loss, lr=lr, grad_norm=gnorm.item(),
+                                             consumed_samples=s.consumed_samples, time=time.time())) + '\n')
+    self.prog.update(loss, lr, s.step, s.consumed_samples)
+    if not (s.step % r.trainer.log_every == 0 or s.step == self.max_steps):
+        self.scalars.write(s.step, loss=loss, lr=lr)
+        return
+    tps = self.win_steps * r.data.global_batch * r.model.seq_len / self.win_time
+    peak = self.peak_tflops()
+    mfu = model_flops_utilisation(tps / self.n_world, r.model, peak, padded_vocab(r.model, r.parallel.tp))
+    pn = self.model.param_norm().item()
+    self.log(f"step {s.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {gnorm.item():.3f} | "
+             f"parameter_norm {pn:.2f} | tokens/s {tps:.0f} | mfu {mfu:.3f} | consumed_samples "
+             f"{s.consumed_samples} | s/step {self.win_time / self.win_steps:.3f}")
+    self.scalars.write(s.step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps,
+                       mfu=mfu, consumed_samples=s.consumed_samples, skipped_steps=s.skipped_steps)
+    self.win_time, self.win_steps = 0.0, 0
+
+@patch
+def _first_step_done(self: Trainer, dt: float):
+    self.result.time_to_first_step_s = time.perf_counter() - self.t_entry
+    parts = ', '.join(f"{k} {v:.1f} s" for k, v in self.setup_s.items())
+    self.log(f"first step done {self.result.time_to_first_step_s:.1f} s after train() started ({parts}, step "
+             f"{dt:.1f} s)")
+    if self.recipe.trainer.compile:
+        from nxpretrain.parallel.compile import compile_summary
+        self.log(compile_summary(self.recipe))
+
+# %% ../../nbs/api/43_trainer.ipynb #15bd40d0
+@patch
+def evaluate(self: Trainer):
+    "Validation every `eval_every` steps."
+    tr, s = self.recipe.trainer, self.state
+    if not (tr.eval_every and s.step % tr.eval_every == 0 and tr.eval_steps and self.valid_ds is not None): return
+    ev = evaluate_loss(self.model, self.valid_ds, tr.eval_steps * self.recipe.data.global_batch, self.st.rank('dp'),
+                       self.st.dp)
+    self.result.eval = ev
+    extra = {name: ev[name] for name in self.model.objective.eval_names if name in ev}
+    self.log(f"step {s.step} | validation loss {ev['loss']:.4f} | perplexity {ev['perplexity']:.2f}"
+             + ''.join(f" | {name} {value:.4f}" for name, value in extra.items()))
+    self.scalars.write(s.step, val_loss=ev['loss'], val_ppl=ev['perplexity'],
+                       **{f'val_{name}': value for name, value in extra.items()})
+
+@patch
+def save(self: Trainer, loss: float, lr: float, signalled: bool, time_due: bool):
+    "A checkpoint when the policy says so (`Checkpointer.maybe_save`)."
+    from nxpretrain.train.checkpoint import TrainingStateDict
+    from nxpretrain.config import to_dict
+    r, s, tr = self.recipe, self.state, self.recipe.trainer
+    layout = dict(tp=r.parallel.tp, pp=r.parallel.pp, cp=r.parallel.cp, dp=self.st.dp)
+    meta = dict(s.state_dict(), loss=loss, lr=lr, world=self.n_world, layout=layout, recipe=to_dict(r))
+    states = TrainingStateDict(self.model.module, self.optimizer)
+    path = self.ck.maybe_save(s.step, lambda: states.state_dict(saving=True), meta, every=tr.save_every,
+                              every_minutes=tr.save_every_minutes, signalled=signalled,
+                              last_step=s.step == self.max_steps, time_due=time_due)
+    if path is not None: self.result.last_checkpoint = str(path)
+
+# %% ../../nbs/api/43_trainer.ipynb #fc213380
+@patch
+def stop(self: Trainer, signal_name: str | None, signalled: bool) -> bool:
+    "Whether the run ends here: non-finite for too long, or a stop signal (after its checkpoint)."
+    res = self.result
+    if self.nonfinite >= MAX_NONFINITE:
+        self.log(f"stopping: loss or gradients not finite for {self.nonfinite} steps in a row (step "
+                 f"{self.state.step}); lower optim.lr, raise optim.warmup_steps or check the data, then resume "
+                 "from the last checkpoint")
+        res.stopped, res.exit_code = 'nonfinite', EXIT_NONFINITE
+        return True
+    if signalled:
+        self.log(f"stopping at step {self.state.step} on {signal_name or 'a stop signal on another rank'}: "
+                 f"checkpoint {res.last_checkpoint}; exit code {EXIT_REQUEUE} (requeue to resume)")
+        res.stopped, res.exit_code = 'signal', EXIT_REQUEUE
+        return True
+    return False
+
+@patch
+def run(self: Trainer) -> TrainResult:
+    "Train to `max_steps` (or a stop); see `TrainResult`."
+    self.t_entry = time.perf_counter()   # process group, model and data count towards the time to the first step
+    with self.session() as state, StopFlag() as stop:
+        self.start(state)
+        try:
+            while self.state.step < self.max_steps:
+                t0 = time.perf_counter()
+                loss, gnorm, lr, signalled, time_due = self.step(stop)
+                self.log_step(loss, gnorm, lr, time.perf_counter() - t0)
+                if self.nonfinite < MAX_NONFINITE:
+                    self.evaluate()
+                    self.save(loss, lr, signalled, time_due)
+                if self.stop(stop.signal, signalled): break
+        except NxpError:
+            self.prog.close()   # the one line that ends the run (a failed save) comes on a line of its own
+            raise
+        return self.finish()
+
+@patch
+def finish(self: Trainer) -> TrainResult:
+    "Wait for saves, close the logs, and the run's figures."
+    self.ck.wait()
+    self.prog.close()
+    if self.steps_log: self.steps_log.close()
+    res, tokens_per_step = self.result, self.recipe.data.global_batch * self.recipe.model.seq_len
+    res.final_step = self.state.step
+    if res.last_checkpoint is None:          # nothing saved in this call (already at max_steps): the newest on disk
+        from nxpretrain.train.checkpoint import latest_checkpoint
+        ck = latest_checkpoint(self.run_dir / 'checkpoints', deep=False, log=lambda m: None)
+        res.last_checkpoint = str(ck) if ck else None
+    res.tokens_per_s = len(res.steps) * tokens_per_step / self.step_time if self.step_time else 0.0
+    self.log(f"done at step {res.final_step} ({res.stopped}); {res.tokens_per_s:.0f} tokens/s; last checkpoint "
+             f"{res.last_checkpoint}")
+    self.scalars.close(step=res.final_step, stopped=res.stopped, exit_code=res.exit_code,
+                       loss=res.losses[-1] if res.losses else None, tokens_per_s=round(res.tokens_per_s, 1))
+    return res
+
+# %% ../../nbs/api/43_trainer.ipynb #59f53d73
 @patch
 def session(self: Trainer):
     "The process group and mesh of the run (`parallel_session`): what `start` gets as `state`."
