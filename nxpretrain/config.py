@@ -84,7 +84,7 @@ class TrainerConfig:
     low_disk: Literal['stop', 'warn'] = 'stop'
     seed: int = 1234
     out_dir: str = 'runs'
-    device: Literal['auto', 'cpu', 'cuda', 'neuron'] = 'auto'
+    device: Literal['auto', 'cpu', 'cuda', 'neuron', 'xla'] = 'auto'   # xla: torch-xla's (trn1), nxpretrain.train.xla
     threads: int = 0                     # CPU threads per process; 0 = torch default
     resume: bool = True                  # auto-resume from the newest complete checkpoint
     upload_to: str = ''              # s3://bucket/prefix: copy each complete checkpoint there (nxpretrain.train.mirror)

@@ -6,10 +6,11 @@ the family's own module."""
 # %% ../nbs/api/04_families.ipynb #c4e84d2c
 from __future__ import annotations
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Callable, Literal, Protocol, runtime_checkable
+from .objective import Objective, CAUSAL_LM
 
 # %% auto #0
-__all__ = ['LAYOUTS', 'LAYOUT_FIELDS', 'FAMILIES', 'HFAdapter', 'ModelFamily', 'register_family']
+__all__ = ['LAYOUTS', 'LAYOUT_FIELDS', 'FAMILIES', 'HFAdapter', 'ModelFamily', 'register_family', 'EngineModel']
 
 # %% ../nbs/api/04_families.ipynb #2b777e7f
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class ModelFamily:
     "A model family: its module class, objective, supported layouts, TP plan, HF/NxDT names and config checks."
     name: str                                        # the value of `model.arch`
     model: type                                      # the plain `nn.Module` class, built as `model(cfg, vocab_size)`
-    objective: Literal['causal_lm', 'mlm_nsp'] = 'causal_lm'
+    objective: Objective = CAUSAL_LM                 # its batches, loss and metrics (nxpretrain.objective)
     layouts: tuple = LAYOUTS                         # what the engine can apply to it
     tp_plan: dict = field(default_factory=dict)      # block-relative linear name → 'colwise' | 'rowwise'
     rope: bool = False                               # rotary positions (else a learned position table)
@@ -49,7 +50,7 @@ class ModelFamily:
     tiny: tuple = ('gpt3_tiny', ())                  # (catalog recipe, overrides) of its tiny test model
 
     @property
-    def causal(self) -> bool: return self.objective == 'causal_lm'
+    def causal(self) -> bool: return self.objective.causal
 
     def problems(self, recipe) -> list[str]:
         "Why `recipe` cannot run with this family, one line each (empty when it can)."
@@ -73,3 +74,22 @@ def register_family(f: ModelFamily) -> ModelFamily:
     "Make `f` available as `model.arch=f.name`."
     FAMILIES[f.name] = f
     return f
+
+# %% ../nbs/api/04_families.ipynb #042975bf
+@runtime_checkable
+class EngineModel(Protocol):
+    """What the parallel engine may use of a family's model, and nothing else. A pipeline stage keeps the parts it
+    holds: `tok_embeddings` on the first stage, `output` on the last, `None` elsewhere. Two parts are optional, and
+    sequence parallelism shards them where a model has them: `pos_embeddings` (learned positions) and `norm` (the
+    final norm, on the last stage). Tensor parallelism shards blocks by the family's `tp_plan`, the pipeline cuts
+    `layers`, and under context parallelism the engine passes `positions` to `forward`."""
+    cfg: object                        # its ModelConfig
+    vocab_size: int                    # the padded vocabulary
+    tok_embeddings: object             # nn.Embedding | None
+    layers: object                     # nn.ModuleDict of blocks, keyed by their index in the whole model
+    output: object                     # the LM head (nn.Linear) | None
+    tied_names: dict                   # {parameter name: the name of the parameter it shares}
+
+    def forward(self, tokens, *args, positions=None, **inputs): ...
+    def run_layers(self, h, rope=None, mask=None): ...
+    def init_weights(self, seed: int = 0): ...

@@ -127,7 +127,7 @@ def _module_activations(r: Recipe) -> dict:
     mask = _mask_bytes(r) * sbh / T
     attention = kept_input(cols.count('attention')) + e * sbh * (2 + 2 * kv) / p.tp + mask   # q, k, v and the output
     if attention_kernel(r) == 'dense':
-        blocks = dense_attention_blocks(m.seq_len, m.seq_len, causal=fam.objective == 'causal_lm')
+        blocks = dense_attention_blocks(m.seq_len, m.seq_len, causal=fam.causal)
         kept = sum((b - a) * keys for a, b, keys in blocks)
         attention += e * r.data.micro_batch * m.n_heads / p.tp * kept   # the probabilities of each query block
     # attention dropout on a CPU: torch's math kernel keeps the fp32 softmax, the mask and the dropped bf16 scores

@@ -239,19 +239,12 @@ def _step(pm, r: Recipe, tracker: StepTracker, scale: float) -> tuple:
     tracker.measure_activations, tracker.scale = True, scale
     opt.zero_grad(set_to_none=True)
     with _unscaled_after_loop(pm, tracker):
-        pm.forward_backward(tokens, tokens.clone(), counts=LossCounts(tokens=1.0, sequences=1.0),
-                            **_extra_inputs(r, tokens))
+        labels, targets, inputs = pm.objective.example(tokens, tokens.clone())   # fixed values: a trace needs shapes
+        pm.forward_backward(tokens, labels, targets, counts=LossCounts(tokens=1.0, sequences=1.0), **inputs)
     tracker.measure_activations, tracker.scale = False, 1.0
     pm.clip_grad_norm_(r.optim.clip_grad)
     opt.step()
     return opt, stages
-
-def _extra_inputs(r: Recipe, tokens) -> dict:
-    "BERT's further inputs (NSP labels, token types, attention mask) for a batch like `tokens`."
-    from nxpretrain.models.registry import family
-    if family(r.model.arch).objective != 'mlm_nsp': return {}
-    return dict(nsp_labels=torch.zeros(tokens.shape[0], dtype=torch.long), token_types=torch.zeros_like(tokens),
-                attention_mask=torch.ones_like(tokens))
 
 @contextlib.contextmanager
 def _unscaled_after_loop(pm, tracker):

@@ -22,14 +22,15 @@ def repo(tmp_path_factory) -> Path:
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, dest / f)
     sh('git init -q && git config user.email ci@example.com && git config user.name ci', dest)
-    sh('nbdev-clean && nbdev-export && git add -A && git commit -qm baseline', dest)
+    sh('nbdev-clean && nbdev-export && git add -A && git commit -qm baseline && git tag baseline', dest)
     return dest
 
 
 @pytest.fixture
 def clean_repo(repo):
+    "The copy as its baseline commit, again after each test: a test that commits (a stale README) leaves no trace."
     yield repo
-    sh('git reset -q --hard && git clean -qfd', repo)
+    sh('git reset -q --hard baseline && git clean -qfd', repo)
 
 
 def gate(repo, *steps):

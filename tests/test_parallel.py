@@ -58,7 +58,7 @@ def _overlap_probe():
     pm.grad_reducer = OverlappedGradReducer(list(pm.parameters()), pm.dp_cp_group, bucket_mb=0.01)
     seen, reduce = [], pm.reduce_grads
     pm.reduce_grads = lambda: (seen.append(len(pm.grad_reducer.works)), reduce())[1]
-    tokens, labels = tiny_batch(r)
+    tokens, labels, *_ = tiny_batch(r)
     pm.forward_backward(dp_shard(tokens, state), dp_shard(labels, state))
     out = (seen[0], len(pm.grad_reducer.buckets), pm.grad_reducer.armed)
     destroy_model_parallel()
@@ -80,7 +80,7 @@ def _zero1_state_bytes():
     state = initialize_model_parallel(2, 1, 1, 'cpu')
     pm = build_parallel_model(r, state)
     opt = pm.build_optimizer()
-    tokens, labels = tiny_batch(r)
+    tokens, labels, *_ = tiny_batch(r)
     pm.train_step(dp_shard(tokens, state), dp_shard(labels, state), opt)
     out = (type(opt) is FlatZero1Optimizer,
            sum(local(v).numel() * v.element_size() for s in opt.state.values() for v in s.values()))
@@ -159,7 +159,7 @@ def _bf16_steps(overrides: tuple, keep_everything: bool = False) -> tuple:
     hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: t.detach(), lambda t: t)
     out = []
     for step in range(2):
-        tokens, labels = tiny_batch(r, seed=100 + step)
+        tokens, labels, *_ = tiny_batch(r, seed=100 + step)
         with hooks if keep_everything else contextlib.nullcontext():
             out.append(pm.train_step(dp_shard(tokens, state), dp_shard(labels, state), opt))
     digest = hashlib.sha256(b''.join(local(p).detach().float().numpy().tobytes() for p in pm.parameters()))

@@ -143,6 +143,18 @@ def test_explicit_bad_checkpoint_is_an_error(tmp_path):
     assert f'{bad}: no such checkpoint folder' in console(tmp_path)
 
 
+def test_old_xla_checkpoint_is_one_line_naming_the_fix(tmp_path):
+    """A run folder of the XLA loop's first format (`step_N/state.pt` and `done`, before nxpretrain.train.xla saved
+    through Checkpointer): the auto-resume stops with one line that says what to do, and removes nothing."""
+    old = tmp_path / RUN / 'checkpoints' / 'step_4'
+    old.mkdir(parents=True)
+    for f in ('state.pt', 'done'): (old / f).write_bytes(b'')
+    assert finish(launch(tmp_path)) == 2
+    said = [l for l in console(tmp_path).splitlines() if l.startswith('error:')]
+    assert len(said) == 1 and "XLA loop's old format" in said[0] and 'aside' in said[0], console(tmp_path)
+    assert sorted(f.name for f in old.iterdir()) == ['done', 'state.pt']
+
+
 def test_sigterm_under_torchrun_saves_and_resumes(tmp_path):
     """DP 2 under torchrun: SIGTERM → every rank finishes the step, one checkpoint, exit status 75; the requeued run
     continues identically."""

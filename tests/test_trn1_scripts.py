@@ -5,6 +5,7 @@ import os, re, subprocess
 from pathlib import Path
 import pytest, yaml
 from nxpretrain.launch.nxdt import export_nxdt
+from nxpretrain.config import from_yaml
 
 NXDT = 'aws-neuron/neuronx-distributed-training@9169aa0 examples/'
 # (variable, value, source): the environment train.sh exports for NxD Training
@@ -186,7 +187,22 @@ def test_bert_torchrun_and_compile_are_seed3s(bert):
         [str(d / 'run/run_xla.sh')], env=env, check=True, capture_output=True, text=True
     ).stdout.split()
     for arg, value, source in SEED3_TORCHRUN: assert out[out.index(arg) + 1] == value, (arg, source, out)
-    assert out[out.index('-m') + 1:out.index('-m') + 3] == ['nxpretrain.train.xla', '--xla']
+    assert out[out.index('-m') + 1:out.index('-m') + 3] == ['nxpretrain.train.entry', '--recipe']
+    assert from_yaml(d / 'run/recipe.yaml').trainer.device == 'xla' and '--max-steps' not in out
+    # neuron_parallel_compile sets NEURON_EXTRACT_GRAPHS_ONLY: the seed's 5 traced steps
+    traced = subprocess.run([str(d / 'run/run_xla.sh')], env={**env, 'NEURON_EXTRACT_GRAPHS_ONLY': '1'}, check=True,
+                            capture_output=True, text=True).stdout.split()
+    assert traced[traced.index('--max-steps') + 1] == '5'
+    # ... with placeholder values: in a folder of their own, resuming and saving nothing, which the training job
+    # (runs/, auto-resume) would otherwise resume from
+    from nxpretrain.recipes import get_recipe
+    from nxpretrain.train.entry import parser
+    entry = lambda argv: parser().parse_intermixed_args(argv[argv.index('nxpretrain.train.entry') + 1:])
+    a, t = entry(traced), entry(out)
+    assert (a.max_steps, a.out_dir, t.max_steps, t.out_dir) == (5, str(d / 'run/runs/compile'), None,
+                                                                str(d / 'run/runs')), (traced, out)
+    tr = get_recipe(a.recipe, *a.overrides).trainer
+    assert (tr.resume, tr.save_every, tr.save_every_minutes, t.overrides) == (False, 0, 0, [])
     # seed 3: sbatch --exclusive --nodes=16 --wrap "srun neuron_parallel_compile ./run...sh", then the same without it
     assert f"srun neuron_parallel_compile {d / 'run/run_xla.sh'}" in jobs['compile'].script
     assert 'neuron_parallel_compile' not in jobs['train'].script and '#SBATCH --exclusive' in jobs['train'].script

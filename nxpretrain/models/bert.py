@@ -5,15 +5,18 @@ masked-LM and next-sentence heads."""
 
 # %% ../../nbs/api/24_bert.ipynb #47dba398
 from __future__ import annotations
+from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from .config import ModelConfig, padded_vocab
 from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
 from ..families import HFAdapter, ModelFamily, register_family
+from ..objective import Objective
 
 # %% auto #0
-__all__ = ['BERT_HF', 'BERT_FAMILY', 'bert_block', 'Bert', 'bert_to_hf_config', 'bert_from_hf_config']
+__all__ = ['BERT_HF', 'IGNORE_INDEX', 'MLM_NSP', 'BERT_FAMILY', 'bert_block', 'Bert', 'bert_to_hf_config',
+           'bert_from_hf_config', 'MlmNsp']
 
 # %% ../../nbs/api/24_bert.ipynb #da820203
 def bert_block(cfg: ModelConfig) -> TransformerBlock:
@@ -124,9 +127,78 @@ BERT_HF = HFAdapter(
     ignored=r'(position_ids|cls\.predictions\.bias)$',
 )
 
+# %% ../../nbs/api/24_bert.ipynb #f66359c2
+IGNORE_INDEX = -100   # torch's cross-entropy default, as in parallel.loss
+
+@dataclass(frozen=True)
+class MlmNsp(Objective):
+    """BERT's pretraining objective: masked-token cross-entropy over the step's masked tokens plus next-sentence
+    cross-entropy over its sequences, on items as the seed's HDF5 shards hold them."""
+    name: str = 'mlm_nsp'
+    causal: bool = False
+    eval_names: tuple = ('nsp_loss', 'nsp_accuracy')
+    eval_sum_count: int = 3        # Σ NSP loss, NSP correct, sequences
+
+    def split(self, batch: dict) -> tuple:
+        return (batch['input_ids'], batch['labels'], {'nsp_labels': batch['next_sentence_label']},
+                {'token_types': batch['token_type_ids'], 'attention_mask': batch['attention_mask']})
+
+    def lm_output(self, out): return out[0]
+
+    def _nsp_logits(self, out):
+        nsp = out[1]
+        return (nsp.full_tensor() if hasattr(nsp, 'full_tensor') else nsp).float()   # a DTensor under TP
+
+    def loss(self, out, labels, targets: dict, counts, lm_loss_sum):
+        nsp = F.cross_entropy(self._nsp_logits(out), targets['nsp_labels'], reduction='sum')
+        return lm_loss_sum(out[0], labels) / counts.tokens + nsp / counts.sequences
+
+    def eval_sums(self, out, targets: dict) -> list:
+        nsp, y = self._nsp_logits(out), targets['nsp_labels']
+        return [F.cross_entropy(nsp, y, reduction='sum').double(), (nsp.argmax(-1) == y).sum().double(), float(len(y))]
+
+    def eval_metrics(self, sums) -> dict:
+        if sums[2] <= 0: return {}
+        return {'nsp_loss': float(sums[0] / sums[2]), 'nsp_accuracy': float(sums[1] / sums[2])}
+
+MLM_NSP = MlmNsp()
+
+# %% ../../nbs/api/24_bert.ipynb #fea2c103
+from fastcore.basics import patch
+
+@patch
+def datasets(self: MlmNsp, recipe, data_root: str):
+    "The seed's HDF5 shards as they are, or samples made from the indexed corpus."
+    from nxpretrain.data.blocks import bert_hdf5_shards, bert_special_ids, build_bert_datasets
+    from nxpretrain.data.prepare import ensure_dataset
+    from nxpretrain.data.tokenizers import get_tokenizer
+    from nxpretrain.data.archive import BERT_HDF5_TARS, bert_hdf5_folder
+    d, m = recipe.data, recipe.model
+    corpus = str(bert_hdf5_folder(d.corpus, data_root)) if d.corpus in BERT_HDF5_TARS else d.corpus   # by name
+    if bert_hdf5_shards(corpus): return build_bert_datasets(corpus, m.seq_len, d.split, recipe.trainer.seed)
+    special = bert_special_ids(get_tokenizer(d.tokenizer, data_root), m.vocab_size)   # before tokenising
+    prefix = ensure_dataset(d, root=data_root, vocab_size=m.vocab_size)
+    return build_bert_datasets(prefix, m.seq_len, d.split, recipe.trainer.seed, special, m.vocab_size)
+
+@patch
+def example(self: MlmNsp, tokens, labels, generator=None) -> tuple:
+    "MLM labels on ~15 % of positions, two segments, padding at the end of every other row (fixed: none)."
+    b, s = tokens.shape
+    if generator is None:
+        return labels, {'nsp_labels': torch.zeros(b, dtype=torch.long, device=tokens.device)}, {
+            'token_types': torch.zeros_like(tokens), 'attention_mask': torch.ones_like(tokens)}
+    masked = torch.rand(tokens.shape, generator=generator) < 0.15
+    mlm = torch.where(masked, labels, torch.full_like(tokens, IGNORE_INDEX))
+    types = (torch.arange(s) >= s // 2).long().expand(b, -1).contiguous()
+    mask = torch.ones_like(tokens)
+    mask[::2, -3:] = 0
+    mlm[mask == 0] = IGNORE_INDEX
+    nsp = torch.randint(0, 2, (b,), generator=generator)
+    return mlm, {'nsp_labels': nsp}, {'token_types': types, 'attention_mask': mask}
+
 # %% ../../nbs/api/24_bert.ipynb #5e5055e3
 BERT_FAMILY = register_family(ModelFamily(
-    name='bert', model=Bert, objective='mlm_nsp', layouts=('tp', 'fsdp', 'zero1'),
+    name='bert', model=Bert, objective=MLM_NSP, layouts=('tp', 'fsdp', 'zero1'),
     tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
              'mlp.w1': 'colwise', 'mlp.w2': 'rowwise'},
     rope=False, hf=BERT_HF, tiny=('bert_tiny', ('model.max_position=16',))))

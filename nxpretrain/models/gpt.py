@@ -130,7 +130,6 @@ GPT_FAMILY = register_family(
     ModelFamily(
         name='gpt',
         model=GPT,
-        objective='causal_lm',
         tp_plan={
             'attention.wq': 'colwise',
             'attention.wk': 'colwise',

@@ -96,7 +96,7 @@ LLAMA_HF = HFAdapter('LlamaForCausalLM', 'llama', llama_to_hf_config, llama_from
 
 # %% ../../nbs/api/23_llama.ipynb #43b4cc32
 LLAMA_FAMILY = register_family(ModelFamily(
-    name='llama', model=Llama, objective='causal_lm',
+    name='llama', model=Llama,
     tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
              'mlp.w1': 'colwise', 'mlp.w3': 'colwise', 'mlp.w2': 'rowwise'},
     rope=True, norm_keeps=2, hf=LLAMA_HF, nxdt_source='hf', nxdt_example='hf_llama3_70B_config',

@@ -31,27 +31,16 @@ def tiny_recipe(arch: str = 'gpt', *overrides: str) -> Recipe:
     base, family_overrides = family(arch).tiny   # the family's tiny catalog recipe and what it needs on top
     return get_recipe(base, *small, *family_overrides, *overrides)
 
-def tiny_batch(recipe: Recipe, seed: int = 1, ignore_frac: float = 0.1):
-    "Random (tokens, labels) of the global batch; a fraction of labels set to the ignore index."
+def tiny_batch(recipe: Recipe, seed: int = 1, ignore_frac: float = 0.1) -> tuple:
+    """Random (tokens, labels, targets, inputs) of the global batch, as the family's objective makes them from random
+    tokens and their next tokens; a fraction of those labels set to the ignore index."""
     g = torch.Generator().manual_seed(seed)
     m, d = recipe.model, recipe.data
     seq = torch.randint(0, m.vocab_size, (d.global_batch, m.seq_len + 1), generator=g)
     labels = seq[:, 1:].clone()
     labels[torch.rand(labels.shape, generator=g) < ignore_frac] = IGNORE_INDEX
-    if family(m.arch).objective == 'causal_lm': return seq[:, :-1].contiguous(), labels
-    # BERT: MLM labels on ~15 % of positions, two segments, padding at the end of half the rows
     tokens = seq[:, :-1].contiguous()
-    labels = torch.where(torch.rand(tokens.shape, generator=g) < 0.15, seq[:, 1:],
-                         torch.full_like(tokens, IGNORE_INDEX))
-    types = (torch.arange(m.seq_len) >= m.seq_len // 2).long().expand(d.global_batch, -1).contiguous()
-    mask = torch.ones_like(tokens)
-    mask[::2, -3:] = 0
-    labels[mask == 0] = IGNORE_INDEX
-    return (
-        tokens,
-        labels,
-        dict(nsp_labels=torch.randint(0, 2, (d.global_batch,), generator=g), token_types=types, attention_mask=mask),
-    )
+    return tokens, *family(m.arch).objective.example(tokens, labels, g)
 
 # %% ../../nbs/api/35_check.ipynb #63514946
 def _full(t): return t.full_tensor() if hasattr(t, 'full_tensor') else t
@@ -62,12 +51,12 @@ def _rel(a, b) -> float: return ((a - b).abs().max() / b.abs().max().clamp_min(1
 # implementation computes is rounding noise (≈1e-10), which Adam then normalises to full ±lr steps. Not comparable.
 NOISE_ONLY = ('attention.wk.bias',)
 
-def _reference_step(ref, ref_opt, o, tokens, labels, extra: dict, out: dict):
-    "One optimizer step of the single-process reference `ref`; its loss and gradient norm go to `out`."
+def _reference_step(ref, ref_opt, o, batch: tuple, objective, out: dict):
+    "One optimizer step of the single-process reference `ref` on `batch`; its loss and gradient norm go to `out`."
+    tokens, labels, targets, inputs = batch
     ref_opt.zero_grad()
-    ref_inputs = {k: v for k, v in extra.items() if k != 'nsp_labels'}
     counts = LossCounts(max((labels != IGNORE_INDEX).sum().item(), 1), labels.shape[0])
-    loss = pretraining_loss(ref(tokens, **ref_inputs), labels, counts, extra.get('nsp_labels'))
+    loss = pretraining_loss(ref(tokens, **inputs), labels, counts, targets, objective=objective)
     loss.backward()
     out['ref_loss'].append(loss.item())
     out['ref_norm'].append(torch.nn.utils.clip_grad_norm_(ref.parameters(), o.clip_grad).item())
@@ -101,17 +90,13 @@ def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed:
     kv = {id(q): (k, hd) for part in pm.parts for q, k, hd in kv_replicated_params(part)}
     out = dict(loss=[], ref_loss=[], norm=[], ref_norm=[], grad_err=0.0, param_err=0.0, time=0.0)
     for step in range(steps):
-        tokens, labels, *extra = tiny_batch(r, seed=100 + step)
-        extra = extra[0] if extra else {}
-        _reference_step(ref, ref_opt, o, tokens, labels, extra, out)
+        batch = tiny_batch(r, seed=100 + step)
+        _reference_step(ref, ref_opt, o, batch, pm.objective, out)
+        tokens, labels = dp_shard(batch[0], state), dp_shard(batch[1], state)
+        targets, inputs = ({k: dp_shard(v, state) for k, v in part.items()} for part in batch[2:])
         t0 = time.perf_counter()
         opt.zero_grad()
-        out['loss'].append(
-            float(
-                pm.forward_backward(dp_shard(tokens, state), dp_shard(labels, state),
-                                    **{k: dp_shard(v, state) for k, v in extra.items()})
-            )
-        )
+        out['loss'].append(float(pm.forward_backward(tokens, labels, targets, **inputs)))
         if step == 0:   # gradients before clipping, against the reference's (clip_grad_norm_ above scaled them: undo)
             scale = min(1.0, o.clip_grad / (out['ref_norm'][0] + 1e-6))
             out['grad_errs'] = _errors(pm, ref, kv, lambda q: q.grad, lambda p: p.grad / scale)

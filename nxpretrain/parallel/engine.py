@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib, copy, math
 import torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from fastcore.basics import patch
 from ..config import Recipe
 from ..errors import RecipeError
 from ..validate import validate
@@ -34,9 +35,7 @@ from .init import init_parts
 __all__ = ['DP_WAIT', 'ParallelModel', 'param_groups', 'parallelize', 'attach_schedule', 'materialize',
            'build_parallel_model']
 
-# %% ../../nbs/api/34_engine.ipynb #313b7edc
-DP_WAIT = 'dp_grad_wait'   # profiler label of the time a step waits for DP gradient sums (exposed communication)
-
+# %% ../../nbs/api/34_engine.ipynb #b5ba9530
 class ParallelModel:
     "This rank's parts of a model under a recipe's layout, and the steps a trainer runs on them."
     def __init__(self, parts: list, recipe: Recipe, state: ParallelState, stage_ids: list, n_stages: int = 1,
@@ -48,7 +47,8 @@ class ParallelModel:
         self.n_stages = n_stages
         self.tied_local_shape = tied_local_shape  # the tied embedding's local shard, for middle pipeline stages
         self.ignore_index = IGNORE_INDEX
-        self.loss = StepLoss(IGNORE_INDEX)        # the step's loss function, counts set per step
+        self.objective = family(recipe.model.arch).objective   # the family's batches, loss and metrics
+        self.loss = StepLoss(IGNORE_INDEX, objective=self.objective)   # the step's loss function, counts set per step
         self.schedule = None                      # the pipeline schedule when pp > 1
         self.grad_reducer = None                  # sums DP gradients during backward (`overlap_reducer`)
 
@@ -66,244 +66,6 @@ class ParallelModel:
     def dp_cp_group(self): return self.state.group('dp_cp') if self.state.dp * self.state.cp > 1 else None
     @property
     def tied_across_stages(self) -> bool: return self.cfg.tie_embeddings and self.state.pp > 1
-
-    def named_parameters(self):
-        "(name, parameter) of every parameter this rank holds, each once."
-        seen = set()
-        for part in self.parts:
-            for n, p in part.named_parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    yield n, p
-
-    def parameters(self):
-        return (p for _, p in self.named_parameters())
-
-    def train(self, mode: bool = True):
-        for p in self.parts: p.train(mode)
-        return self
-
-    def eval(self):
-        return self.train(False)
-
-    @property
-    def module(self) -> nn.Module:
-        """All of this rank's parts as one module with the whole model's parameter names – what checkpoints save and
-        load. A view: it shares every submodule and parameter; with interleaved stages it holds each part's layers,
-        and the embeddings, final norm and head of whichever part has them."""
-        if len(self.parts) == 1: return self.parts[0]
-        view = copy.copy(self.parts[0])
-        view._modules = dict(view._modules)   # its own table of children; the children themselves are shared
-        blocks = sorted(((k, b) for part in self.parts for k, b in part.layers.items()), key=lambda kb: int(kb[0]))
-        view._modules['layers'] = nn.ModuleDict(blocks)
-        for name in ('tok_embeddings', 'pos_embeddings', 'norm', 'output'):
-            have = [part._modules[name] for part in self.parts if part._modules.get(name) is not None]
-            if have: view._modules[name] = have[0]
-        return view
-
-    @contextlib.contextmanager
-    def autocast(self):
-        """bf16 autocast around forward (parameters and optimizer stay fp32) unless FSDP's mixed-precision policy
-        already casts; leaving it drops the step's bf16 copies of the weights (`parallel.saved.cast_weights`)."""
-        if self.par.precision != 'bf16' or self.fsdp:
-            yield
-            return
-        try:
-            with torch.autocast(self.state.torch_device.type, dtype=torch.bfloat16): yield
-        finally: clear_copies()
-
-    @torch.no_grad()
-    def loss_counts(self, labels: torch.Tensor) -> LossCounts:
-        "The step's normalisers: non-ignored tokens over every DP rank's batch, and sequences."
-        n = (labels != self.ignore_index).sum().to(torch.float64)
-        if self.state.dp > 1: dist.all_reduce(n, group=self.state.group('dp'))
-        return LossCounts(tokens=max(n.item(), 1.0), sequences=float(labels.shape[0] * self.state.dp))
-
-    def overlap_reducer(self) -> OverlappedGradReducer | None:
-        "The hooks that sum gradients over DP×CP during the last micro-batch's backward (pp=1 without FSDP), else None."
-        if not self.par.overlap_grad_reduce or self.fsdp or self.schedule is not None or self.dp_cp_group is None:
-            return None
-        params = list(self.parameters())
-        if self.grad_reducer is None or {id(p) for p in self.grad_reducer.params} != {id(p) for p in params}:
-            if self.grad_reducer is not None: self.grad_reducer.remove()   # parameters were replaced: hook the new ones
-            self.grad_reducer = OverlappedGradReducer(params, self.dp_cp_group)
-        return self.grad_reducer
-
-    def _check_inputs(self, tokens, nsp_labels, inputs):
-        mb = self.recipe.data.micro_batch
-        if tokens.shape[0] % mb:
-            raise ValueError(f"batch of {tokens.shape[0]} sequences is not a multiple of data.micro_batch={mb}")
-        if (nsp_labels is not None or inputs) and self.schedule is not None:
-            raise ValueError("extra model inputs (BERT) need pp=1")
-
-    def forward_backward(
-        self, tokens, labels, nsp_labels=None, counts: LossCounts | None = None, **inputs
-    ) -> torch.Tensor:
-        """Forward and backward over this DP rank's batch (B_dp, S); gradients end up reduced; returns the global mean
-        loss (a float64 scalar). BERT also takes `nsp_labels` (B_dp,) and inputs `token_types`, `attention_mask`
-        (B_dp, S)."""
-        self._check_inputs(tokens, nsp_labels, inputs)
-        self.loss.counts = counts or self.loss_counts(labels)
-        st = self.state
-        tokens, labels = cp_shard(tokens, st.cp, st.rank('cp')), cp_shard(labels, st.cp, st.rank('cp'))
-        with self.autocast():
-            if self.schedule is not None: total = self._pipeline_step(tokens, labels)
-            else: total = self._micro_batch_steps(tokens, labels, nsp_labels, inputs)
-        self.reduce_grads()
-        return self._sum_over_ranks(total)
-
-    def _pipeline_step(self, tokens, labels) -> torch.Tensor:
-        losses = []
-        self.schedule.step(*([tokens] if self.first else []), target=labels if self.last else None, losses=losses)
-        return sum((local_value(l) for l in losses), torch.zeros((), dtype=torch.float64))
-
-    def _micro_batch_steps(self, tokens, labels, nsp_labels, inputs) -> torch.Tensor:
-        model, mb = self.parts[0], self.recipe.data.micro_batch
-        n_mb = tokens.shape[0] // mb
-        total = torch.zeros((), dtype=torch.float64)
-        for i in range(n_mb):
-            sl = slice(i * mb, (i + 1) * mb)
-            if self.fsdp: model.set_requires_gradient_sync(i == n_mb - 1)
-            if i == n_mb - 1 and (reducer := self.overlap_reducer()) is not None: reducer.arm()
-            out = model(tokens[sl], **{k: v[sl] for k, v in inputs.items()})
-            loss = self.loss(out, labels[sl], None if nsp_labels is None else nsp_labels[sl])
-            loss.backward()
-            total += local_value(loss)
-        return total
-
-    def _sum_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
-        "`value` of the ranks that hold the loss (last stage, TP rank 0), the same on every rank."
-        if not self.last or self.state.rank('tp') != 0: value = torch.zeros_like(value)
-        dist.all_reduce(value)
-        return value
-
-    @torch.no_grad()
-    def evaluate_sums(self, tokens, labels, nsp_labels=None, **inputs) -> torch.Tensor:
-        """(Σ token loss, predicted tokens, Σ NSP loss, NSP correct, sequences) in float64 over this step's batch of
-        every DP rank (this rank's part: (B_dp, S)), forward only; the same tensor on every rank."""
-        self._check_inputs(tokens, nsp_labels, inputs)
-        st = self.state
-        tokens, labels = cp_shard(tokens, st.cp, st.rank('cp')), cp_shard(labels, st.cp, st.rank('cp'))
-        sums = torch.zeros(5, dtype=torch.float64)
-        self.loss.counts = LossCounts()   # the loss function returns sums
-        with self.autocast():
-            if self.schedule is not None: sums[0] = self._pipeline_sums(tokens, labels)
-            else: sums += self._micro_batch_sums(tokens, labels, nsp_labels, inputs)
-        sums[1] = (labels != self.ignore_index).sum()   # summed over the DP and CP ranks of the last stage below
-        return self._sum_over_ranks(sums)
-
-    def _pipeline_sums(self, tokens, labels) -> torch.Tensor:
-        losses = []
-        forward_only(self.schedule, *([tokens] if self.first else []), target=labels if self.last else None,
-                     losses=losses)
-        return sum((local_value(l) for l in losses), torch.zeros((), dtype=torch.float64))
-
-    def _micro_batch_sums(self, tokens, labels, nsp_labels, inputs) -> torch.Tensor:
-        mb, sums = self.recipe.data.micro_batch, torch.zeros(5, dtype=torch.float64)
-        for i in range(tokens.shape[0] // mb):
-            sl = slice(i * mb, (i + 1) * mb)
-            out = self.parts[0](tokens[sl], **{k: v[sl] for k, v in inputs.items()})
-            lm = out[0] if isinstance(out, tuple) else out
-            sums[0] += local_value(lm_loss_sum(lm, labels[sl], self.ignore_index, self.loss.head))
-            if nsp_labels is None: continue
-            nsp = out[1].full_tensor() if isinstance(out[1], DTensor) else out[1]
-            sums[2] += F.cross_entropy(nsp.float(), nsp_labels[sl], reduction='sum').double()
-            sums[3] += (nsp.argmax(-1) == nsp_labels[sl]).sum()
-            sums[4] += len(nsp)
-        return sums
-
-    def tied_param(self):
-        "The tied embedding/head weight on the first or last pipeline stage (None elsewhere)."
-        for name in ('tok_embeddings', 'output'):
-            for part in self.parts:
-                if getattr(part, name, None) is not None: return getattr(part, name).weight
-        return None
-
-    @torch.no_grad()
-    def reduce_grads(self):
-        """Sum gradients over DP×CP (finish the overlapped sums, or sum now; FSDP already reduce-scattered them), add
-        the tied head's gradient to the embedding's when they sit on different pipeline stages, and sum K/V replica
-        gradients."""
-        overlapped = self.grad_reducer is not None and self.grad_reducer.armed
-        if overlapped:   # the DP sums that backward started; the profiler shows the wait as exposed communication
-            with torch.profiler.record_function(DP_WAIT): self.grad_reducer.finish()
-        for p in self.parameters():  # replicated DTensor weights (SP norms) may hold a pending (Partial) sum: settle it
-            if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
-                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
-        if not (self.fsdp or overlapped) and self.dp_cp_group is not None:
-            with torch.profiler.record_function(DP_WAIT): all_reduce_grads(list(self.parameters()), self.dp_cp_group)
-        if self.tied_across_stages: self._reduce_tied_grad()
-        for part in self.parts: sum_kv_replica_grads(part)
-
-    def _reduce_tied_grad(self):
-        p = self.tied_param()
-        if p is not None and p.grad is None: p.grad = torch.zeros_like(p)
-        g = local(p.grad) if p is not None else torch.zeros(self.tied_local_shape, device=self.state.torch_device)
-        dist.all_reduce(g, group=self.state.group('pp'))
-
-    def _replicas(self, p) -> int:
-        "How many ranks hold the same values as `p` here (DP, CP and, unless sharded, TP copies)."
-        dims = {'dp': self.state.dp, 'cp': self.state.cp, 'tp': self.state.tp}
-        if isinstance(p, DTensor):
-            for name, pl in zip(p.device_mesh.mesh_dim_names, p.placements):
-                if not pl.is_replicate():   # Shard, and FSDP's _StridedShard on top of TP
-                    for d in name.split('_'): dims.pop(d, None)
-        return math.prod(dims.values())
-
-    @torch.no_grad()
-    def global_norm(self, tensors_of) -> torch.Tensor:
-        """L2 norm over the whole model of `tensors_of(p)` (a parameter's gradient or itself), each value counted once:
-        a rank's squares are weighted by 1/(ranks holding the same values), K/V replicas by 1/K, the tied head on the
-        last stage by 0; one all-reduce over the world adds it all up."""
-        kv = {id(p): k for part in self.parts for p, k, _ in kv_replicated_params(part)}
-        tied = self.tied_param() if self.tied_across_stages and not self.first else None
-        by_weight = {}   # 1/copies → this rank's tensors: one fused norm kernel per group, not one pass per tensor
-        for p in self.parameters():
-            t = tensors_of(p)
-            if t is None or p is tied: continue
-            by_weight.setdefault(1 / (self._replicas(p) * kv.get(id(p), 1)), []).append(local(t))
-        sq = torch.zeros((), dtype=torch.float64, device=self.state.torch_device)
-        for weight, tensors in by_weight.items():
-            # per-tensor norms accumulate in fp32; their squares add up in fp64
-            sq += torch.stack(torch._foreach_norm(tensors)).double().square().sum() * weight
-        dist.all_reduce(sq)
-        return sq.sqrt()
-
-    @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float | None = None) -> torch.Tensor:
-        "Global gradient norm of the whole model; grads are scaled by min(1, max_norm / norm) when `max_norm` is given."
-        norm = self.global_norm(lambda p: p.grad)
-        if max_norm and max_norm > 0:
-            coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-            grads = [local(p.grad) for p in self.parameters() if p.grad is not None]
-            for dtype in {g.dtype for g in grads}:
-                torch._foreach_mul_([g for g in grads if g.dtype == dtype], coef.to(dtype))
-        return norm
-
-    def param_norm(self) -> torch.Tensor:
-        "L2 norm of the whole model's parameters (the seeds' `parameter_norm`)."
-        return self.global_norm(lambda p: p.detach())
-
-    def build_optimizer(self, optim_cls=None, **kwargs) -> torch.optim.Optimizer:
-        """`optim_cls(**kwargs)` over this rank's parameters (default: AdamW with the recipe's settings), its state
-        sharded over DP×CP when `parallel.zero1`. The optimizer works on the DTensor parameters, so per-tensor
-        quantities (LAMB's trust ratio) see whole tensors."""
-        o = self.recipe.optim
-        if optim_cls is None:
-            optim_cls, kwargs = torch.optim.AdamW, dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, foreach=False)
-        groups = param_groups(self.named_parameters(), o.weight_decay)
-        if self.par.zero1 and self.dp_cp_group is not None:   # equal flat slices where the update is per element
-            zero1 = FlatZero1Optimizer if issubclass(optim_cls, ELEMENTWISE) else Zero1Optimizer
-            return zero1(groups, self.dp_cp_group, optim_cls, **kwargs)
-        return optim_cls(groups, **kwargs)
-
-    def train_step(self, tokens, labels, optimizer, max_norm: float | None = None, **inputs) -> dict:
-        "One optimizer step on this DP rank's batch: forward/backward, gradient reduction, clipping, update."
-        optimizer.zero_grad(set_to_none=True)
-        loss = self.forward_backward(tokens, labels, **inputs)
-        norm = self.clip_grad_norm_(self.recipe.optim.clip_grad if max_norm is None else max_norm)
-        optimizer.step()
-        return {'loss': loss.item(), 'grad_norm': norm.item()}
 
 # %% ../../nbs/api/34_engine.ipynb #e10fecda
 def param_groups(named_params, weight_decay: float) -> list[dict]:
@@ -393,3 +155,280 @@ def build_parallel_model(
     materialize(pm, device, recipe.trainer.seed if seed is None else seed)
     if recipe.parallel.pp > 1: attach_schedule(pm)
     return pm
+
+# %% ../../nbs/api/34_engine.ipynb #4e17d8ef
+@patch
+def named_parameters(self: ParallelModel):
+    "(name, parameter) of every parameter this rank holds, each once."
+    seen = set()
+    for part in self.parts:
+        for n, p in part.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield n, p
+
+@patch
+def parameters(self: ParallelModel):
+    return (p for _, p in self.named_parameters())
+
+@patch
+def train(self: ParallelModel, mode: bool = True):
+    for p in self.parts: p.train(mode)
+    return self
+
+@patch
+def eval(self: ParallelModel):
+    return self.train(False)
+
+@patch(as_prop=True)
+def module(self: ParallelModel) -> nn.Module:
+    """All of this rank's parts as one module with the whole model's parameter names – what checkpoints save and
+    load. A view: it shares every submodule and parameter; with interleaved stages it holds each part's layers,
+    and the embeddings, final norm and head of whichever part has them."""
+    if len(self.parts) == 1: return self.parts[0]
+    view = copy.copy(self.parts[0])
+    view._modules = dict(view._modules)   # its own table of children; the children themselves are shared
+    blocks = sorted(((k, b) for part in self.parts for k, b in part.layers.items()), key=lambda kb: int(kb[0]))
+    view._modules['layers'] = nn.ModuleDict(blocks)
+    for name in ('tok_embeddings', 'pos_embeddings', 'norm', 'output'):
+        have = [part._modules[name] for part in self.parts if part._modules.get(name) is not None]
+        if have: view._modules[name] = have[0]
+    return view
+
+# %% ../../nbs/api/34_engine.ipynb #7aabfaf8
+@patch
+@contextlib.contextmanager
+def autocast(self: ParallelModel):
+    """bf16 autocast around forward (parameters and optimizer stay fp32) unless FSDP's mixed-precision policy
+    already casts; leaving it drops the step's bf16 copies of the weights (`parallel.saved.cast_weights`)."""
+    if self.par.precision != 'bf16' or self.fsdp:
+        yield
+        return
+    try:
+        with torch.autocast(self.state.torch_device.type, dtype=torch.bfloat16): yield
+    finally: clear_copies()
+
+# %% ../../nbs/api/34_engine.ipynb #4b5bd3f0
+@patch
+@torch.no_grad()
+def loss_counts(self: ParallelModel, labels: torch.Tensor) -> LossCounts:
+    "The step's normalisers: non-ignored tokens over every DP rank's batch, and sequences."
+    n = (labels != self.ignore_index).sum().to(torch.float64)
+    if self.state.dp > 1: dist.all_reduce(n, group=self.state.group('dp'))
+    return LossCounts(tokens=max(n.item(), 1.0), sequences=float(labels.shape[0] * self.state.dp))
+
+# %% ../../nbs/api/34_engine.ipynb #ebee99ed
+@patch
+def overlap_reducer(self: ParallelModel) -> OverlappedGradReducer | None:
+    "The hooks that sum gradients over DP×CP during the last micro-batch's backward (pp=1 without FSDP), else None."
+    if not self.par.overlap_grad_reduce or self.fsdp or self.schedule is not None or self.dp_cp_group is None:
+        return None
+    params = list(self.parameters())
+    if self.grad_reducer is None or {id(p) for p in self.grad_reducer.params} != {id(p) for p in params}:
+        if self.grad_reducer is not None: self.grad_reducer.remove()   # parameters were replaced: hook the new ones
+        self.grad_reducer = OverlappedGradReducer(params, self.dp_cp_group)
+    return self.grad_reducer
+
+# %% ../../nbs/api/34_engine.ipynb #603e8665
+@patch
+def tied_param(self: ParallelModel):
+    "The tied embedding/head weight on the first or last pipeline stage (None elsewhere)."
+    for name in ('tok_embeddings', 'output'):
+        for part in self.parts:
+            if getattr(part, name, None) is not None: return getattr(part, name).weight
+    return None
+
+# %% ../../nbs/api/34_engine.ipynb #b5c61f3e
+DP_WAIT = 'dp_grad_wait'   # profiler label of the time a step waits for DP gradient sums (exposed communication)
+
+@patch
+@torch.no_grad()
+def reduce_grads(self: ParallelModel):
+    """Sum gradients over DP×CP (finish the overlapped sums, or sum now; FSDP already reduce-scattered them), add
+    the tied head's gradient to the embedding's when they sit on different pipeline stages, and sum K/V replica
+    gradients."""
+    overlapped = self.grad_reducer is not None and self.grad_reducer.armed
+    if overlapped:   # the DP sums that backward started; the profiler shows the wait as exposed communication
+        with torch.profiler.record_function(DP_WAIT): self.grad_reducer.finish()
+    for p in self.parameters():  # replicated DTensor weights (SP norms) may hold a pending (Partial) sum: settle it
+        if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+            p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+    if not (self.fsdp or overlapped) and self.dp_cp_group is not None:
+        with torch.profiler.record_function(DP_WAIT): all_reduce_grads(list(self.parameters()), self.dp_cp_group)
+    if self.tied_across_stages: self._reduce_tied_grad()
+    for part in self.parts: sum_kv_replica_grads(part)
+
+@patch
+def _reduce_tied_grad(self: ParallelModel):
+    p = self.tied_param()
+    if p is not None and p.grad is None: p.grad = torch.zeros_like(p)
+    g = local(p.grad) if p is not None else torch.zeros(self.tied_local_shape, device=self.state.torch_device)
+    dist.all_reduce(g, group=self.state.group('pp'))
+
+# %% ../../nbs/api/34_engine.ipynb #88a659e4
+def _rows(tensors: dict, rows: slice) -> dict:
+    "Each of `tensors` (batch-first) cut to `rows`: a micro-batch's targets or inputs."
+    return {k: v[rows] for k, v in tensors.items()}
+
+@patch
+def _pipeline_step(self: ParallelModel, tokens, labels) -> torch.Tensor:
+    losses = []
+    self.schedule.step(*([tokens] if self.first else []), target=labels if self.last else None, losses=losses)
+    return sum((local_value(l) for l in losses), torch.zeros((), dtype=torch.float64))
+
+@patch
+def _micro_batch_steps(self: ParallelModel, tokens, labels, targets, inputs) -> torch.Tensor:
+    model, mb = self.parts[0], self.recipe.data.micro_batch
+    n_mb = tokens.shape[0] // mb
+    total = torch.zeros((), dtype=torch.float64)
+    for i in range(n_mb):
+        sl = slice(i * mb, (i + 1) * mb)
+        if self.fsdp: model.set_requires_gradient_sync(i == n_mb - 1)
+        if i == n_mb - 1 and (reducer := self.overlap_reducer()) is not None: reducer.arm()
+        out = model(tokens[sl], **_rows(inputs, sl))
+        loss = self.loss(out, labels[sl], _rows(targets, sl))
+        loss.backward()
+        total += local_value(loss)
+    return total
+
+@patch
+def _sum_over_ranks(self: ParallelModel, value: torch.Tensor) -> torch.Tensor:
+    "`value` of the ranks that hold the loss (last stage, TP rank 0), the same on every rank."
+    if not self.last or self.state.rank('tp') != 0: value = torch.zeros_like(value)
+    dist.all_reduce(value)
+    return value
+
+# %% ../../nbs/api/34_engine.ipynb #b5a015cb
+@patch
+def _check_inputs(self: ParallelModel, tokens, targets, inputs):
+    mb = self.recipe.data.micro_batch
+    if tokens.shape[0] % mb:
+        raise ValueError(f"batch of {tokens.shape[0]} sequences is not a multiple of data.micro_batch={mb}")
+    if (targets or inputs) and self.schedule is not None:
+        raise ValueError(f"{self.objective.name}'s further model inputs and loss targets need pp=1")
+
+@patch
+def forward_backward(
+    self: ParallelModel, tokens, labels, targets: dict | None = None, counts: LossCounts | None = None, **inputs
+) -> torch.Tensor:
+    """Forward and backward over this DP rank's batch (B_dp, S); gradients end up reduced; returns the global mean
+    loss (a float64 scalar). `targets` and `inputs` are the objective's further loss targets and model inputs
+    (BERT's `nsp_labels`; `token_types`, `attention_mask`), batch-first like `tokens`."""
+    self._check_inputs(tokens, targets, inputs)
+    self.loss.counts = counts or self.loss_counts(labels)
+    st = self.state
+    tokens, labels = cp_shard(tokens, st.cp, st.rank('cp')), cp_shard(labels, st.cp, st.rank('cp'))
+    with self.autocast():
+        if self.schedule is not None: total = self._pipeline_step(tokens, labels)
+        else: total = self._micro_batch_steps(tokens, labels, targets or {}, inputs)
+    self.reduce_grads()
+    return self._sum_over_ranks(total)
+
+# %% ../../nbs/api/34_engine.ipynb #698173b0
+@patch
+@torch.no_grad()
+def evaluate_sums(self: ParallelModel, tokens, labels, targets: dict | None = None, **inputs) -> torch.Tensor:
+    """(Σ token loss, predicted tokens, then the objective's `eval_sums`) in float64 over this step's batch of
+    every DP rank (this rank's part: (B_dp, S)), forward only; the same tensor on every rank."""
+    self._check_inputs(tokens, targets, inputs)
+    st = self.state
+    tokens, labels = cp_shard(tokens, st.cp, st.rank('cp')), cp_shard(labels, st.cp, st.rank('cp'))
+    sums = torch.zeros(2 + self.objective.eval_sum_count, dtype=torch.float64)
+    self.loss.counts = LossCounts()   # the loss function returns sums
+    with self.autocast():
+        if self.schedule is not None: sums[0] = self._pipeline_sums(tokens, labels)
+        else: sums += self._micro_batch_sums(tokens, labels, targets or {}, inputs)
+    sums[1] = (labels != self.ignore_index).sum()   # summed over the DP and CP ranks of the last stage below
+    return self._sum_over_ranks(sums)
+
+@patch
+def _pipeline_sums(self: ParallelModel, tokens, labels) -> torch.Tensor:
+    losses = []
+    forward_only(self.schedule, *([tokens] if self.first else []), target=labels if self.last else None,
+                 losses=losses)
+    return sum((local_value(l) for l in losses), torch.zeros((), dtype=torch.float64))
+
+@patch
+def _micro_batch_sums(self: ParallelModel, tokens, labels, targets, inputs) -> torch.Tensor:
+    mb, sums = self.recipe.data.micro_batch, torch.zeros(2 + self.objective.eval_sum_count, dtype=torch.float64)
+    for i in range(tokens.shape[0] // mb):
+        sl = slice(i * mb, (i + 1) * mb)
+        out = self.parts[0](tokens[sl], **_rows(inputs, sl))
+        lm = self.objective.lm_output(out)
+        sums[0] += local_value(lm_loss_sum(lm, labels[sl], self.ignore_index, self.loss.head))
+        for j, value in enumerate(self.objective.eval_sums(out, _rows(targets, sl)), 2): sums[j] += float(value)
+    return sums
+
+# %% ../../nbs/api/34_engine.ipynb #b5d3d7db
+@patch
+def _replicas(self: ParallelModel, p) -> int:
+    "How many ranks hold the same values as `p` here (DP, CP and, unless sharded, TP copies)."
+    dims = {'dp': self.state.dp, 'cp': self.state.cp, 'tp': self.state.tp}
+    if isinstance(p, DTensor):
+        for name, pl in zip(p.device_mesh.mesh_dim_names, p.placements):
+            if not pl.is_replicate():   # Shard, and FSDP's _StridedShard on top of TP
+                for d in name.split('_'): dims.pop(d, None)
+    return math.prod(dims.values())
+
+@patch
+@torch.no_grad()
+def global_norm(self: ParallelModel, tensors_of) -> torch.Tensor:
+    """L2 norm over the whole model of `tensors_of(p)` (a parameter's gradient or itself), each value counted once:
+    a rank's squares are weighted by 1/(ranks holding the same values), K/V replicas by 1/K, the tied head on the
+    last stage by 0; one all-reduce over the world adds it all up."""
+    kv = {id(p): k for part in self.parts for p, k, _ in kv_replicated_params(part)}
+    tied = self.tied_param() if self.tied_across_stages and not self.first else None
+    by_weight = {}   # 1/copies → this rank's tensors: one fused norm kernel per group, not one pass per tensor
+    for p in self.parameters():
+        t = tensors_of(p)
+        if t is None or p is tied: continue
+        by_weight.setdefault(1 / (self._replicas(p) * kv.get(id(p), 1)), []).append(local(t))
+    sq = torch.zeros((), dtype=torch.float64, device=self.state.torch_device)
+    for weight, tensors in by_weight.items():
+        # per-tensor norms accumulate in fp32; their squares add up in fp64
+        sq += torch.stack(torch._foreach_norm(tensors)).double().square().sum() * weight
+    dist.all_reduce(sq)
+    return sq.sqrt()
+
+@patch
+def param_norm(self: ParallelModel) -> torch.Tensor:
+    "L2 norm of the whole model's parameters (the seeds' `parameter_norm`)."
+    return self.global_norm(lambda p: p.detach())
+
+# %% ../../nbs/api/34_engine.ipynb #91535eb0
+@patch
+@torch.no_grad()
+def clip_grad_norm_(self: ParallelModel, max_norm: float | None = None) -> torch.Tensor:
+    "Global gradient norm of the whole model; grads are scaled by min(1, max_norm / norm) when `max_norm` is given."
+    norm = self.global_norm(lambda p: p.grad)
+    if max_norm and max_norm > 0:
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        grads = [local(p.grad) for p in self.parameters() if p.grad is not None]
+        for dtype in {g.dtype for g in grads}:
+            torch._foreach_mul_([g for g in grads if g.dtype == dtype], coef.to(dtype))
+    return norm
+
+# %% ../../nbs/api/34_engine.ipynb #697a7cad
+@patch
+def build_optimizer(self: ParallelModel, optim_cls=None, **kwargs) -> torch.optim.Optimizer:
+    """`optim_cls(**kwargs)` over this rank's parameters (default: AdamW with the recipe's settings), its state
+    sharded over DP×CP when `parallel.zero1`. The optimizer works on the DTensor parameters, so per-tensor
+    quantities (LAMB's trust ratio) see whole tensors."""
+    o = self.recipe.optim
+    if optim_cls is None:
+        optim_cls, kwargs = torch.optim.AdamW, dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, foreach=False)
+    groups = param_groups(self.named_parameters(), o.weight_decay)
+    if self.par.zero1 and self.dp_cp_group is not None:   # equal flat slices where the update is per element
+        zero1 = FlatZero1Optimizer if issubclass(optim_cls, ELEMENTWISE) else Zero1Optimizer
+        return zero1(groups, self.dp_cp_group, optim_cls, **kwargs)
+    return optim_cls(groups, **kwargs)
+
+# %% ../../nbs/api/34_engine.ipynb #1f070bd6
+@patch
+def train_step(self: ParallelModel, tokens, labels, optimizer, max_norm: float | None = None, **inputs) -> dict:
+    "One optimizer step on this DP rank's batch: forward/backward, gradient reduction, clipping, update."
+    optimizer.zero_grad(set_to_none=True)
+    loss = self.forward_backward(tokens, labels, **inputs)
+    norm = self.clip_grad_norm_(self.recipe.optim.clip_grad if max_norm is None else max_norm)
+    optimizer.step()
+    return {'loss': loss.item(), 'grad_norm': norm.item()}

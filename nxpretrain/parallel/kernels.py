@@ -33,7 +33,7 @@ def attention_kernel(recipe: Recipe, device_type: str | None = None) -> str:
     if p.attention != 'auto': return p.attention
     device_type = device_type or profile(recipe.cluster.profile).device_type
     dense = (device_type == 'cpu' and p.precision == 'bf16' and m.dropout == 0 and p.cp == 1
-             and m.seq_len <= DENSE_ATTENTION_MAX_SEQ and family(m.arch).objective == 'causal_lm')
+             and m.seq_len <= DENSE_ATTENTION_MAX_SEQ and family(m.arch).causal)
     return 'dense' if dense else 'sdpa'
 
 # %% ../../nbs/api/34i_kernels.ipynb #e78ddc5c

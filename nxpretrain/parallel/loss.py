@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Replicate
+from ..objective import Objective, CAUSAL_LM
 
 # %% auto #0
 __all__ = ['IGNORE_INDEX', 'token_loss_sum', 'LossCounts', 'FusedLinearCrossEntropy', 'ChunkedHead', 'lm_loss_sum',
@@ -146,28 +147,26 @@ def lm_loss_sum(out, labels, ignore_index: int = IGNORE_INDEX, head: ChunkedHead
     logits."""
     return token_loss_sum(out, labels, ignore_index) if head is None else head.loss_sum(out, labels, ignore_index)
 
-def pretraining_loss(out, labels, counts: LossCounts, nsp_labels=None, ignore_index: int = IGNORE_INDEX,
-                     head: ChunkedHead | None = None):
-    """This micro-batch's share of the step's loss: LM cross-entropy summed over non-ignored tokens ÷ `counts.tokens`;
-    for BERT's (MLM, NSP) outputs plus the NSP cross-entropy ÷ `counts.sequences`. With a chunked `head`, `out` holds
-    hidden states where it would hold the LM logits."""
-    if not isinstance(out, tuple):
-        return lm_loss_sum(out, labels, ignore_index, head) / counts.tokens
-    mlm, nsp = out
-    nsp = nsp.full_tensor() if isinstance(nsp, DTensor) else nsp
-    nsp_loss = F.cross_entropy(nsp.float(), nsp_labels, reduction='sum')
-    return lm_loss_sum(mlm, labels, ignore_index, head) / counts.tokens + nsp_loss / counts.sequences
+def pretraining_loss(out, labels, counts: LossCounts, targets: dict | None = None, ignore_index: int = IGNORE_INDEX,
+                     head: ChunkedHead | None = None, objective: Objective = CAUSAL_LM):
+    """This micro-batch's share of the step's loss, as the family's `objective` makes it from the output `out`, the
+    labels and its further `targets`: for a causal LM the cross-entropy summed over non-ignored tokens ÷
+    `counts.tokens`. With a chunked `head`, the LM output holds hidden states where it would hold logits."""
+    def lm_sum(lm_out, lm_labels): return lm_loss_sum(lm_out, lm_labels, ignore_index, head)
+    return objective.loss(out, labels, targets or {}, counts, lm_sum)
 
 # %% ../../nbs/api/34a_loss.ipynb #b0a43dd4
 class StepLoss:
     "The loss function of a pipeline schedule: `pretraining_loss` with this step's `counts`."
-    def __init__(self, ignore_index: int = IGNORE_INDEX, head: ChunkedHead | None = None):
+    def __init__(self, ignore_index: int = IGNORE_INDEX, head: ChunkedHead | None = None,
+                 objective: Objective = CAUSAL_LM):
         self.counts = LossCounts()
         self.ignore_index = ignore_index
         self.head = head   # the model's ChunkedHead when the loss computes the logits
+        self.objective = objective
 
-    def __call__(self, out, labels, nsp_labels=None):
-        return pretraining_loss(out, labels, self.counts, nsp_labels, self.ignore_index, self.head)
+    def __call__(self, out, labels, targets: dict | None = None):
+        return pretraining_loss(out, labels, self.counts, targets, self.ignore_index, self.head, self.objective)
 
 def local_value(loss) -> torch.Tensor:
     "A loss as a detached float64 plain tensor (a DTensor's local value)."

@@ -5,7 +5,7 @@ torchrun or Slurm."""
 
 # %% ../../nbs/api/30_state.ipynb #f0d6ff0d
 from __future__ import annotations
-import contextlib, os, re, sys, logging, datetime, subprocess
+import contextlib, importlib.util, os, re, sys, logging, datetime, subprocess
 from dataclasses import dataclass
 import torch, torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -25,7 +25,7 @@ __all__ = ['BACKENDS', 'MESH_DIMS', 'neuron_available', 'resolve_device', 'backe
            'get_next_rank', 'get_prev_rank', 'is_pipeline_first_stage', 'is_pipeline_last_stage', 'get_logger']
 
 # %% ../../nbs/api/30_state.ipynb #f12c31ec
-BACKENDS = {'cpu': 'gloo', 'cuda': 'cpu:gloo,cuda:nccl', 'neuron': 'neuron'}
+BACKENDS = {'cpu': 'gloo', 'cuda': 'cpu:gloo,cuda:nccl', 'neuron': 'neuron', 'xla': 'gloo'}
 
 def neuron_available() -> bool:
     "True when TorchNeuron registered its `neuron` device with this torch."
@@ -35,7 +35,7 @@ def neuron_available() -> bool:
     )
 
 def resolve_device(device: str = 'auto') -> str:
-    "The device kind to run on: `cpu`, `cuda` or `neuron`."
+    "The device kind to run on: `cpu`, `cuda`, `neuron` or `xla`."
     if device == 'auto': return 'cuda' if torch.cuda.is_available() else 'neuron' if neuron_available() else 'cpu'
     if device not in BACKENDS:
         raise RecipeError(f"trainer.device={device!r}: choose one of auto, {', '.join(BACKENDS)}")
@@ -43,6 +43,9 @@ def resolve_device(device: str = 'auto') -> str:
         raise RecipeError("trainer.device=cuda but this torch sees no CUDA device: use trainer.device=auto or cpu")
     if device == 'neuron' and not neuron_available():
         raise RecipeError("trainer.device=neuron but TorchNeuron is not installed here: use trainer.device=auto or cpu")
+    if device == 'xla' and importlib.util.find_spec('torch_xla') is None:
+        raise RecipeError("trainer.device=xla but torch-xla is not installed here: run in the environment "
+                          "tools/xla_env.sh makes (or torch-neuronx's on trn1)")
     return device
 
 def backend_for(device: str) -> str:
@@ -126,6 +129,9 @@ class ParallelState:
     @property
     def torch_device(self) -> torch.device:
         if self.device == 'cpu': return torch.device('cpu')
+        if self.device == 'xla':   # each process sees one: xla:0 (`xla:<LOCAL_RANK>` does not exist on rank 1)
+            import torch_xla
+            return torch_xla.device()
         return torch.device(self.device, int(os.environ.get('LOCAL_RANK', 0)))
 
 # %% ../../nbs/api/30_state.ipynb #af7a7ee4
@@ -145,7 +151,8 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_mode
         raise RuntimeError("no default process group: call init_distributed() (or "
                            "torch.distributed.init_process_group) first")
     device, dp = resolve_device(device), dist.get_world_size() // (tp * pp * cp)
-    mesh = init_device_mesh(device, (pp, dp, cp, tp), mesh_dim_names=MESH_DIMS)
+    # the XLA device's mesh holds the CPU-side groups: DTensor cannot place tensors on an 'xla' mesh
+    mesh = init_device_mesh('cpu' if device == 'xla' else device, (pp, dp, cp, tp), mesh_dim_names=MESH_DIMS)
     _STATE = ParallelState(mesh, device, pp, dp, cp, tp)
     return _STATE
 

@@ -5,7 +5,7 @@ run pickle code, keep-last-K and fall-back to the previous good checkpoint."""
 
 # %% ../../nbs/api/41_checkpoint.ipynb #6d14d4d4
 from __future__ import annotations
-import contextlib, errno, io, json, os, pickle, shutil, threading, time, warnings
+import contextlib, errno, io, json, os, pickle, shutil, sys, threading, time, warnings
 from dataclasses import dataclass, asdict
 from pathlib import Path
 import crc32c
@@ -164,6 +164,10 @@ def rng_state() -> dict:
     out = {'cpu': torch.get_rng_state()}
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()): out[f'cuda{i}'] = s
+    if 'torch_xla' in sys.modules:
+        import torch_xla.core.xla_model as xm
+        seed = xm.get_rng_state()
+        out['xla'] = torch.tensor([seed & 0xFFFFFFFF, seed >> 32], dtype=torch.int64)
     return out
 
 def set_rng_state(states: dict):
@@ -172,6 +176,9 @@ def set_rng_state(states: dict):
     for k, v in states.items():
         if k.startswith('cuda') and torch.cuda.is_available() and int(k[4:]) < torch.cuda.device_count():
             torch.cuda.set_rng_state(v, int(k[4:]))
+    if 'xla' in states and 'torch_xla' in sys.modules:
+        import torch_xla.core.xla_model as xm
+        xm.set_rng_state(int(states['xla'][0]) | int(states['xla'][1]) << 32)
 
 # %% ../../nbs/api/41_checkpoint.ipynb #eb7da0a1
 class Checkpointer:
@@ -380,6 +387,7 @@ def _open(self: Checkpointer, d: Path, trainer_state: dict):
         f.flush()
         os.fsync(f.fileno())   # on disk before the marker names it
 
+# %% ../../nbs/api/41_checkpoint.ipynb #598f638f
 @patch
 def _write(self: Checkpointer, d: Path, state: dict, planner=None, pg=None):
     "Every rank's shards and its report; then, on rank 0, the marker, the `on_complete` hook and the pruning."
@@ -408,6 +416,7 @@ def _write_in_background(self: Checkpointer, d: Path, state: dict, planner=None)
     self._thread = threading.Thread(target=background, name=f'checkpoint-{checkpoint_step(d)}', daemon=True)
     self._thread.start()
 
+# %% ../../nbs/api/41_checkpoint.ipynb #f185f406
 @patch
 def wait_staged(self: Checkpointer):
     """Block until the save in flight has copied the state: call it before anything changes the saved tensors (the
@@ -490,12 +499,20 @@ def read_saved(state: dict, path, aliases: dict | None = None):
         for tensor, same in copies: tensor.copy_(same)
 
 # %% ../../nbs/api/41_checkpoint.ipynb #e4538645
+def _refuse_old_xla_format(folders):
+    "Stop at a `step_N` folder of the XLA loop's first format: resuming around it would start afresh and prune it."
+    if old := [p for p in folders if (p / 'state.pt').exists()]:
+        raise CheckpointError(f"{old[-1]}: a checkpoint in the XLA loop's old format (state.pt, from before it saved "
+                              f"through Checkpointer), which nothing reads any more: move {old[-1].parent} aside to "
+                              "start afresh, or finish that run with the nxpretrain that wrote it")
+
 @patch
 def find(self: Checkpointer, path=None) -> Path | None:
     "The checkpoint to resume: `path` verified (error if bad), else the newest good one under `root`."
     chosen, err = None, None
     if rank() == 0:
         try:
+            _refuse_old_xla_format([Path(path)] if path is not None else list_checkpoints(self.root))
             chosen = (
                 str(path)
                 if path is not None and verify_checkpoint(path)

@@ -36,6 +36,7 @@ def parser() -> argparse.ArgumentParser:
                    help='take only the weights from --resume-from (continual pretraining)')
     p.add_argument('--async-save', action='store_true', help='write checkpoints in the background')
     p.add_argument('--no-progress', action='store_true', help='no progress bar (plain log lines only)')
+    p.add_argument('--data-root', default='runs/data', help='where the data is found or prepared')
     return p
 
 # %% ../../nbs/api/44_entry.ipynb #4628eaa9
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe = get_recipe(a.recipe, *a.overrides)
         res = train(recipe, a.out_dir, a.max_steps, resume_from=a.resume_from, weights_only=a.weights_only,
-                    async_save=a.async_save, progress=not a.no_progress)
+                    async_save=a.async_save, progress=not a.no_progress, data_root=a.data_root)
     except (RecipeError, CheckpointError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -15,6 +15,7 @@ from ..models.config import padded_vocab
 from ..validate import validate
 from ..errors import EXIT_REQUEUE, NxpError, TrainingError
 from ..models.registry import family
+from ..objective import Objective, CAUSAL_LM
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'SyntheticTokens',
@@ -61,25 +62,12 @@ def one_rank_first(fn):
     return out
 
 # %% ../../nbs/api/43_trainer.ipynb #3b3b5f5c
-def _bert_datasets(recipe: Recipe, data_root: str):
-    "BERT MLM + NSP datasets: the seed's HDF5 shards as they are, or samples made from the indexed corpus."
-    from nxpretrain.data.blocks import bert_hdf5_shards, bert_special_ids, build_bert_datasets
-    from nxpretrain.data.prepare import ensure_dataset
-    from nxpretrain.data.tokenizers import get_tokenizer
-    d, m = recipe.data, recipe.model
-    from nxpretrain.data.archive import BERT_HDF5_TARS, bert_hdf5_folder
-    # the seed's data by name
-    corpus = str(bert_hdf5_folder(d.corpus, data_root)) if d.corpus in BERT_HDF5_TARS else d.corpus
-    if bert_hdf5_shards(corpus): return build_bert_datasets(corpus, m.seq_len, d.split, recipe.trainer.seed)
-    special = bert_special_ids(get_tokenizer(d.tokenizer, data_root), m.vocab_size)   # before the corpus is tokenised
-    prefix = ensure_dataset(d, root=data_root, vocab_size=m.vocab_size)
-    return build_bert_datasets(prefix, m.seq_len, d.split, recipe.trainer.seed, special, m.vocab_size)
-
 def build_datasets(recipe: Recipe, num_samples: int, data_root: str = 'runs/data'):
-    "(train, valid, test) datasets for `recipe`: items `{'tokens', 'labels'}`, or BERT's (see `model_inputs`)."
+    """(train, valid, test) datasets for `recipe`: items `{'tokens', 'labels'}`, or those of the family's objective
+    where it reads its own (BERT's, see `MlmNsp.split`)."""
     if recipe.data.corpus == 'synthetic': return synthetic_datasets(recipe, num_samples)
-    if family(recipe.model.arch).objective == 'mlm_nsp':
-        return one_rank_first(lambda: _bert_datasets(recipe, data_root))
+    objective = family(recipe.model.arch).objective
+    if objective.datasets is not None: return one_rank_first(lambda: objective.datasets(recipe, data_root))
     from nxpretrain.data.prepare import ensure_dataset
     from nxpretrain.data.gpt_dataset import build_gpt_datasets
     def build():
@@ -110,14 +98,13 @@ def concat(batches) -> dict:
     batches = list(batches)
     return {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
 
-def model_inputs(batch: dict, device=None) -> tuple:
-    """(tokens, labels, NSP labels or None, other model inputs) of a batch: GPT/Llama items `{'tokens', 'labels'}`, or
-    BERT's `{'input_ids', 'labels', 'token_type_ids', 'attention_mask', 'next_sentence_label'}`; moved to `device`
-    when given."""
-    to = (lambda t: t.to(device)) if device is not None else (lambda t: t)
-    if 'input_ids' not in batch: return to(batch['tokens']), to(batch['labels']), None, {}
-    return (to(batch['input_ids']), to(batch['labels']), to(batch['next_sentence_label']),
-            {'token_types': to(batch['token_type_ids']), 'attention_mask': to(batch['attention_mask'])})
+def model_inputs(batch: dict, objective: Objective = CAUSAL_LM, device=None) -> tuple:
+    """(tokens, labels, loss targets, model inputs) of a batch, as `objective` splits it (a causal LM's items
+    `{'tokens', 'labels'}`: no targets or inputs); moved to `device` when given."""
+    tokens, labels, targets, inputs = objective.split(batch)
+    if device is None: return tokens, labels, targets, inputs
+    def to(tensors: dict) -> dict: return {k: v.to(device) for k, v in tensors.items()}
+    return tokens.to(device), labels.to(device), to(targets), to(inputs)
 
 # %% ../../nbs/api/43_trainer.ipynb #7f18a535
 @dataclass
@@ -161,25 +148,23 @@ def precision_for_device(recipe: Recipe, device, log=print) -> Recipe:
 
 # %% ../../nbs/api/43_trainer.ipynb #22160d64
 def evaluate_loss(model, dataset, samples: int, dp_rank: int = 0, dp: int = 1) -> dict:
-    """{'loss', 'perplexity'} (and BERT's 'nsp_loss', 'nsp_accuracy') of the `ParallelModel` `model` on the first
-    `samples` samples of `dataset`."""
+    """{'loss', 'perplexity'} and the objective's metrics (BERT's 'nsp_loss', 'nsp_accuracy') of the `ParallelModel`
+    `model` on the first `samples` samples of `dataset`."""
     import torch
-    d, device = model.recipe.data, model.state.torch_device
+    d, device, objective = model.recipe.data, model.state.torch_device, model.objective
     chunk = d.global_batch if model.schedule is not None else d.micro_batch * dp
-    sums = torch.zeros(5, dtype=torch.float64)
+    sums = torch.zeros(2 + objective.eval_sum_count, dtype=torch.float64)
     model.eval()
     for start in range(0, samples, chunk):
         batch = concat(micro_batches(dataset, start, chunk, d.micro_batch, dp_rank, dp))
-        tokens, labels, nsp, kw = model_inputs(batch, device)
-        sums += model.evaluate_sums(tokens, labels, nsp, **kw)
+        tokens, labels, targets, inputs = model_inputs(batch, objective, device)
+        sums += model.evaluate_sums(tokens, labels, targets, **inputs)
     model.train()
-    return _eval_summary(sums)
+    return _eval_summary(sums, objective)
 
-def _eval_summary(sums) -> dict:
+def _eval_summary(sums, objective: Objective = CAUSAL_LM) -> dict:
     loss = (sums[0] / sums[1].clamp(min=1)).item()
-    out = {'loss': loss, 'perplexity': math.exp(min(loss, 50))}
-    if sums[4] > 0: out.update(nsp_loss=(sums[2] / sums[4]).item(), nsp_accuracy=(sums[3] / sums[4]).item())
-    return out
+    return {'loss': loss, 'perplexity': math.exp(min(loss, 50)), **objective.eval_metrics(sums[2:])}
 
 # %% ../../nbs/api/43_trainer.ipynb #722e0c19
 STEPS_FILE = 'steps.jsonl'
@@ -207,13 +192,11 @@ def _optimizer(pm, recipe: Recipe):
     cls, kw = optimizer_spec(recipe.optim, **({'fused': True} if fused else {'foreach': False}))
     return pm.build_optimizer(cls, **kw)
 
-def _start(recipe: Recipe, run_dir: Path, st, log, resume_from, weights_only, async_save):
-    "Model, optimizer, checkpointer and the resumed trainer state (or None)."
+def _start(recipe: Recipe, run_dir: Path, model, log, resume_from, weights_only, async_save):
+    "The optimizer of `model`, the checkpointer and the resumed trainer state (or None)."
     import torch
-    from nxpretrain.parallel.engine import build_parallel_model
     from nxpretrain.train.checkpoint import Checkpointer, TrainingStateDict, load_weights, rank
     tr = recipe.trainer
-    model = build_parallel_model(recipe, st, seed=tr.seed)
     optimizer = _optimizer(model, recipe)
     # each rank its own dropout stream; a resume restores it from the checkpoint
     torch.manual_seed(tr.seed + 1 + rank())
@@ -231,15 +214,15 @@ def _start(recipe: Recipe, run_dir: Path, st, log, resume_from, weights_only, as
         state = states.state_dict()
         resumed = ck.load(state, path=found, verified=True, aliases=states.aliases)
         states.load_state_dict(state)
-    return model, optimizer, ck, resumed
+    return optimizer, ck, resumed
 
 # %% ../../nbs/api/43_trainer.ipynb #994612c9
 class Trainer:
     "One training run of `recipe` in this process (one CPU, or one rank of a torchrun job)."
     def __init__(self, recipe: Recipe, out_dir: str | None = None, max_steps: int | None = None, *, datasets=None,
                  resume_from: str | None = None, weights_only: bool = False, async_save: bool = False,
-                 progress: bool = True):
-        self.recipe, self.datasets = recipe, datasets
+                 progress: bool = True, data_root: str = 'runs/data'):
+        self.recipe, self.datasets, self.data_root = recipe, datasets, str(data_root)
         self.max_steps = max_steps or recipe.trainer.max_steps
         self.run_dir = Path(out_dir or recipe.trainer.out_dir) / recipe.name
         self.resume_from, self.weights_only, self.async_save, self.progress = (
@@ -270,12 +253,14 @@ class Trainer:
         self.recipe = precision_for_device(self.recipe, self.st.torch_device, self.log)
         if self.is_main: to_yaml(self.recipe, self.run_dir / 'recipe.yaml')
         t_model = time.perf_counter()
-        self.model, self.optimizer, self.ck, resumed = _start(self.recipe, self.run_dir, self.st, self.log,
-                                                              self.resume_from, self.weights_only, self.async_save)
+        self.model = self.build_model()
+        self.optimizer, self.ck, resumed = _start(self.recipe, self.run_dir, self.model, self.log, self.resume_from,
+                                                  self.weights_only, self.async_save)
         self.state = TrainState.from_state_dict(resumed)
         t_data = time.perf_counter()
         d = self.recipe.data
-        self.train_ds, self.valid_ds, _ = self.datasets or build_datasets(self.recipe, self.max_steps * d.global_batch)
+        n = self.max_steps * d.global_batch
+        self.train_ds, self.valid_ds, _ = self.datasets or build_datasets(self.recipe, n, self.data_root)
         self.setup_s = dict(distributed=t_model - self.t_entry, model_and_resume=t_data - t_model,
                             data=time.perf_counter() - t_data)
         self.result = TrainResult(out_dir=str(self.run_dir), start_step=self.state.step, final_step=self.state.step)
@@ -291,162 +276,198 @@ class Trainer:
                  f"{self.n_world} process(es) on {self.st.torch_device}")
         return self
 
-    def step(self, stop) -> tuple:
-        "One optimizer step: (loss, grad norm, lr, whether a stop was signalled, whether a time-based save is due)."
-        import torch, torch.distributed as dist
-        from nxpretrain.train.optim import lr_at
-        d, s = self.recipe.data, self.state
-        lr = lr_at(s.step, self.recipe.optim, self.max_steps)
-        for g in self.optimizer.param_groups: g['lr'] = lr
-        batches = micro_batches(self.train_ds, s.consumed_samples, d.global_batch, d.micro_batch, self.st.rank('dp'),
-                                self.st.dp)
-        tokens, labels, nsp, kw = model_inputs(concat(batches), self.st.torch_device)
-        loss = self.model.forward_backward(tokens, labels, nsp, **kw)
-        gnorm = self.model.clip_grad_norm_(self.recipe.optim.clip_grad)
-        time_due = self.ck.time_due(self.recipe.trainer.save_every_minutes)
-        mine = loss.item() if self.is_main else 0.0   # every rank has the global loss: rank 0's goes to all
-        flags = torch.tensor([mine, stop.signal is not None, time_due], dtype=torch.float64)
-        if self.n_world > 1: dist.all_reduce(flags)   # one collective: the loss, and any rank's stop or save request
-        loss = flags[0].item()
-        self.ck.wait_staged()  # an async save still copying the weights must finish copying before they change
-        self._update(loss, gnorm)
-        s.step, s.consumed_samples = s.step + 1, s.consumed_samples + d.global_batch
-        return loss, gnorm, lr, flags[1].item() > 0, flags[2].item() > 0
-
-    def _update(self, loss: float, gnorm):
-        "The optimizer step, skipped when the loss or gradient norm is not finite."
-        import torch
-        if math.isfinite(loss) and torch.isfinite(gnorm):
-            self.optimizer.step()
-            self.nonfinite = 0
-        else:
-            self.state.skipped_steps += 1
-            self.nonfinite += 1
-            self.log(f"step {self.state.step + 1}: loss {loss} / grad norm {gnorm.item()} not finite; optimizer step "
-                     f"skipped ({self.nonfinite} in a row)")
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def log_step(self, loss: float, gnorm, lr: float, dt: float):
-        "The step's line in `steps.jsonl`, the progress bar, and every `log_every` steps the seeds' line and scalars."
-        from nxpretrain.perf import mfu as model_flops_utilisation, peak_tflops
-        from nxpretrain.models.config import padded_vocab
-        s, r, res = self.state, self.recipe, self.result
-        self.step_time += dt
-        self.win_time += dt
-        self.win_steps += 1
-        if not res.steps: self._first_step_done(dt)
-        res.steps.append(s.step)
-        res.losses.append(loss)
-        if self.steps_log:
-            self.steps_log.write(json.dumps(dict(step=s.step, loss=loss, lr=lr, grad_norm=gnorm.item(),
-                                                 consumed_samples=s.consumed_samples, time=time.time())) + '\n')
-        self.prog.update(loss, lr, s.step, s.consumed_samples)
-        if not (s.step % r.trainer.log_every == 0 or s.step == self.max_steps):
-            self.scalars.write(s.step, loss=loss, lr=lr)
-            return
-        tps = self.win_steps * r.data.global_batch * r.model.seq_len / self.win_time
-        peak = peak_tflops(r.parallel.precision, self.st.torch_device.type)
-        mfu = model_flops_utilisation(tps / self.n_world, r.model, peak, padded_vocab(r.model, r.parallel.tp))
-        pn = self.model.param_norm().item()
-        self.log(f"step {s.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {gnorm.item():.3f} | "
-                 f"parameter_norm {pn:.2f} | tokens/s {tps:.0f} | mfu {mfu:.3f} | consumed_samples "
-                 f"{s.consumed_samples} | s/step {self.win_time / self.win_steps:.3f}")
-        self.scalars.write(s.step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps,
-                           mfu=mfu, consumed_samples=s.consumed_samples, skipped_steps=s.skipped_steps)
-        self.win_time, self.win_steps = 0.0, 0
-
-    def _first_step_done(self, dt: float):
-        self.result.time_to_first_step_s = time.perf_counter() - self.t_entry
-        parts = ', '.join(f"{k} {v:.1f} s" for k, v in self.setup_s.items())
-        self.log(f"first step done {self.result.time_to_first_step_s:.1f} s after train() started ({parts}, step "
-                 f"{dt:.1f} s)")
-        if self.recipe.trainer.compile:
-            from nxpretrain.parallel.compile import compile_summary
-            self.log(compile_summary(self.recipe))
-
-    def evaluate(self):
-        "Validation every `eval_every` steps."
-        tr, s = self.recipe.trainer, self.state
-        if not (tr.eval_every and s.step % tr.eval_every == 0 and tr.eval_steps and self.valid_ds is not None): return
-        ev = evaluate_loss(self.model, self.valid_ds, tr.eval_steps * self.recipe.data.global_batch, self.st.rank('dp'),
-                           self.st.dp)
-        self.result.eval = ev
-        nsp = 'nsp_accuracy' in ev
-        self.log(f"step {s.step} | validation loss {ev['loss']:.4f} | perplexity {ev['perplexity']:.2f}"
-                 + (f" | NSP loss {ev['nsp_loss']:.4f} | NSP accuracy {ev['nsp_accuracy']:.3f}" if nsp else ''))
-        extra = {'val_nsp_loss': ev['nsp_loss'], 'val_nsp_accuracy': ev['nsp_accuracy']} if nsp else {}
-        self.scalars.write(s.step, val_loss=ev['loss'], val_ppl=ev['perplexity'], **extra)
-
-    def save(self, loss: float, lr: float, signalled: bool, time_due: bool):
-        "A checkpoint when the policy says so (`Checkpointer.maybe_save`)."
-        from nxpretrain.train.checkpoint import TrainingStateDict
-        from nxpretrain.config import to_dict
-        r, s, tr = self.recipe, self.state, self.recipe.trainer
-        layout = dict(tp=r.parallel.tp, pp=r.parallel.pp, cp=r.parallel.cp, dp=self.st.dp)
-        meta = dict(s.state_dict(), loss=loss, lr=lr, world=self.n_world, layout=layout, recipe=to_dict(r))
-        states = TrainingStateDict(self.model.module, self.optimizer)
-        path = self.ck.maybe_save(s.step, lambda: states.state_dict(saving=True), meta, every=tr.save_every,
-                                  every_minutes=tr.save_every_minutes, signalled=signalled,
-                                  last_step=s.step == self.max_steps, time_due=time_due)
-        if path is not None: self.result.last_checkpoint = str(path)
-
-    def stop(self, signal_name: str | None, signalled: bool) -> bool:
-        "Whether the run ends here: non-finite for too long, or a stop signal (after its checkpoint)."
-        res = self.result
-        if self.nonfinite >= MAX_NONFINITE:
-            self.log(f"stopping: loss or gradients not finite for {self.nonfinite} steps in a row (step "
-                     f"{self.state.step}); lower optim.lr, raise optim.warmup_steps or check the data, then resume "
-                     "from the last checkpoint")
-            res.stopped, res.exit_code = 'nonfinite', EXIT_NONFINITE
-            return True
-        if signalled:
-            self.log(f"stopping at step {self.state.step} on {signal_name or 'a stop signal on another rank'}: "
-                     f"checkpoint {res.last_checkpoint}; exit code {EXIT_REQUEUE} (requeue to resume)")
-            res.stopped, res.exit_code = 'signal', EXIT_REQUEUE
-            return True
-        return False
-
-    def run(self) -> TrainResult:
-        "Train to `max_steps` (or a stop); see `TrainResult`."
-        from nxpretrain.parallel.state import parallel_session
-        self.t_entry = time.perf_counter()   # process group, model and data count towards the time to the first step
-        with parallel_session(self.recipe) as state, StopFlag() as stop:
-            self.start(state)
-            try:
-                while self.state.step < self.max_steps:
-                    t0 = time.perf_counter()
-                    loss, gnorm, lr, signalled, time_due = self.step(stop)
-                    self.log_step(loss, gnorm, lr, time.perf_counter() - t0)
-                    if self.nonfinite < MAX_NONFINITE:
-                        self.evaluate()
-                        self.save(loss, lr, signalled, time_due)
-                    if self.stop(stop.signal, signalled): break
-            except NxpError:
-                self.prog.close()   # the one line that ends the run (a failed save) comes on a line of its own
-                raise
-            return self.finish()
-
-    def finish(self) -> TrainResult:
-        "Wait for saves, close the logs, and the run's figures."
-        self.ck.wait()
-        self.prog.close()
-        if self.steps_log: self.steps_log.close()
-        res, tokens_per_step = self.result, self.recipe.data.global_batch * self.recipe.model.seq_len
-        res.final_step = self.state.step
-        if res.last_checkpoint is None:          # nothing saved in this call (already at max_steps): the newest on disk
-            from nxpretrain.train.checkpoint import latest_checkpoint
-            ck = latest_checkpoint(self.run_dir / 'checkpoints', deep=False, log=lambda m: None)
-            res.last_checkpoint = str(ck) if ck else None
-        res.tokens_per_s = len(res.steps) * tokens_per_step / self.step_time if self.step_time else 0.0
-        self.log(f"done at step {res.final_step} ({res.stopped}); {res.tokens_per_s:.0f} tokens/s; last checkpoint "
-                 f"{res.last_checkpoint}")
-        self.scalars.close(step=res.final_step, stopped=res.stopped, exit_code=res.exit_code,
-                           loss=res.losses[-1] if res.losses else None, tokens_per_s=round(res.tokens_per_s, 1))
-        return res
-
-# %% ../../nbs/api/43_trainer.ipynb #552c8728
+# %% ../../nbs/api/43_trainer.ipynb #e7543cc7
 from fastcore.basics import patch
 
+@patch
+def step(self: Trainer, stop) -> tuple:
+    "One optimizer step: (loss, grad norm, lr, whether a stop was signalled, whether a time-based save is due)."
+    import torch, torch.distributed as dist
+    from nxpretrain.train.optim import lr_at
+    d, s = self.recipe.data, self.state
+    lr = lr_at(s.step, self.recipe.optim, self.max_steps)
+    for g in self.optimizer.param_groups: g['lr'] = lr
+    batches = micro_batches(self.train_ds, s.consumed_samples, d.global_batch, d.micro_batch, self.st.rank('dp'),
+                            self.st.dp)
+    tokens, labels, targets, inputs = model_inputs(concat(batches), self.model.objective, self.st.torch_device)
+    loss = self.model.forward_backward(tokens, labels, targets, **inputs)
+    gnorm = self.model.clip_grad_norm_(self.recipe.optim.clip_grad)
+    time_due = self.ck.time_due(self.recipe.trainer.save_every_minutes)
+    mine = loss.item() if self.is_main else 0.0   # every rank has the global loss: rank 0's goes to all
+    flags = torch.tensor([mine, stop.signal is not None, time_due], dtype=torch.float64)
+    if self.n_world > 1: dist.all_reduce(flags)   # one collective: the loss, and any rank's stop or save request
+    loss = flags[0].item()
+    self.ck.wait_staged()  # an async save still copying the weights must finish copying before they change
+    self._update(loss, gnorm)
+    s.step, s.consumed_samples = s.step + 1, s.consumed_samples + d.global_batch
+    return loss, gnorm, lr, flags[1].item() > 0, flags[2].item() > 0
+
+@patch
+def _update(self: Trainer, loss: float, gnorm):
+    "The optimizer step, skipped when the loss or gradient norm is not finite."
+    import torch
+    if math.isfinite(loss) and torch.isfinite(gnorm):
+        self.optimizer.step()
+        self.nonfinite = 0
+    else:
+        self.state.skipped_steps += 1
+        self.nonfinite += 1
+        self.log(f"step {self.state.step + 1}: loss {loss} / grad norm {gnorm.item()} not finite; optimizer step "
+                 f"skipped ({self.nonfinite} in a row)")
+    self.optimizer.zero_grad(set_to_none=True)
+
+# %% ../../nbs/api/43_trainer.ipynb #59d6b0cc
+@patch
+def log_step(self: Trainer, loss: float, gnorm, lr: float, dt: float):
+    "The step's line in `steps.jsonl`, the progress bar, and every `log_every` steps the seeds' line and scalars."
+    from nxpretrain.perf import mfu as model_flops_utilisation
+    from nxpretrain.models.config import padded_vocab
+    s, r, res = self.state, self.recipe, self.result
+    self.step_time += dt
+    self.win_time += dt
+    self.win_steps += 1
+    if not res.steps: self._first_step_done(dt)
+    res.steps.append(s.step)
+    res.losses.append(loss)
+    if self.steps_log:
+        self.steps_log.write(json.dumps(dict(step=s.step, loss=loss, lr=lr, grad_norm=gnorm.item(),
+                                             consumed_samples=s.consumed_samples, time=time.time())) + '\n')
+    self.prog.update(loss, lr, s.step, s.consumed_samples)
+    if not (s.step % r.trainer.log_every == 0 or s.step == self.max_steps):
+        self.scalars.write(s.step, loss=loss, lr=lr)
+        return
+    tps = self.win_steps * r.data.global_batch * r.model.seq_len / self.win_time
+    peak = self.peak_tflops()
+    mfu = model_flops_utilisation(tps / self.n_world, r.model, peak, padded_vocab(r.model, r.parallel.tp))
+    pn = self.model.param_norm().item()
+    self.log(f"step {s.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {gnorm.item():.3f} | "
+             f"parameter_norm {pn:.2f} | tokens/s {tps:.0f} | mfu {mfu:.3f} | consumed_samples "
+             f"{s.consumed_samples} | s/step {self.win_time / self.win_steps:.3f}")
+    self.scalars.write(s.step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps,
+                       mfu=mfu, consumed_samples=s.consumed_samples, skipped_steps=s.skipped_steps)
+    self.win_time, self.win_steps = 0.0, 0
+
+@patch
+def _first_step_done(self: Trainer, dt: float):
+    self.result.time_to_first_step_s = time.perf_counter() - self.t_entry
+    parts = ', '.join(f"{k} {v:.1f} s" for k, v in self.setup_s.items())
+    self.log(f"first step done {self.result.time_to_first_step_s:.1f} s after train() started ({parts}, step "
+             f"{dt:.1f} s)")
+    if self.recipe.trainer.compile:
+        from nxpretrain.parallel.compile import compile_summary
+        self.log(compile_summary(self.recipe))
+
+# %% ../../nbs/api/43_trainer.ipynb #15bd40d0
+@patch
+def evaluate(self: Trainer):
+    "Validation every `eval_every` steps."
+    tr, s = self.recipe.trainer, self.state
+    if not (tr.eval_every and s.step % tr.eval_every == 0 and tr.eval_steps and self.valid_ds is not None): return
+    ev = evaluate_loss(self.model, self.valid_ds, tr.eval_steps * self.recipe.data.global_batch, self.st.rank('dp'),
+                       self.st.dp)
+    self.result.eval = ev
+    extra = {name: ev[name] for name in self.model.objective.eval_names if name in ev}
+    self.log(f"step {s.step} | validation loss {ev['loss']:.4f} | perplexity {ev['perplexity']:.2f}"
+             + ''.join(f" | {name} {value:.4f}" for name, value in extra.items()))
+    self.scalars.write(s.step, val_loss=ev['loss'], val_ppl=ev['perplexity'],
+                       **{f'val_{name}': value for name, value in extra.items()})
+
+@patch
+def save(self: Trainer, loss: float, lr: float, signalled: bool, time_due: bool):
+    "A checkpoint when the policy says so (`Checkpointer.maybe_save`)."
+    from nxpretrain.train.checkpoint import TrainingStateDict
+    from nxpretrain.config import to_dict
+    r, s, tr = self.recipe, self.state, self.recipe.trainer
+    layout = dict(tp=r.parallel.tp, pp=r.parallel.pp, cp=r.parallel.cp, dp=self.st.dp)
+    meta = dict(s.state_dict(), loss=loss, lr=lr, world=self.n_world, layout=layout, recipe=to_dict(r))
+    states = TrainingStateDict(self.model.module, self.optimizer)
+    path = self.ck.maybe_save(s.step, lambda: states.state_dict(saving=True), meta, every=tr.save_every,
+                              every_minutes=tr.save_every_minutes, signalled=signalled,
+                              last_step=s.step == self.max_steps, time_due=time_due)
+    if path is not None: self.result.last_checkpoint = str(path)
+
+# %% ../../nbs/api/43_trainer.ipynb #fc213380
+@patch
+def stop(self: Trainer, signal_name: str | None, signalled: bool) -> bool:
+    "Whether the run ends here: non-finite for too long, or a stop signal (after its checkpoint)."
+    res = self.result
+    if self.nonfinite >= MAX_NONFINITE:
+        self.log(f"stopping: loss or gradients not finite for {self.nonfinite} steps in a row (step "
+                 f"{self.state.step}); lower optim.lr, raise optim.warmup_steps or check the data, then resume "
+                 "from the last checkpoint")
+        res.stopped, res.exit_code = 'nonfinite', EXIT_NONFINITE
+        return True
+    if signalled:
+        self.log(f"stopping at step {self.state.step} on {signal_name or 'a stop signal on another rank'}: "
+                 f"checkpoint {res.last_checkpoint}; exit code {EXIT_REQUEUE} (requeue to resume)")
+        res.stopped, res.exit_code = 'signal', EXIT_REQUEUE
+        return True
+    return False
+
+@patch
+def run(self: Trainer) -> TrainResult:
+    "Train to `max_steps` (or a stop); see `TrainResult`."
+    self.t_entry = time.perf_counter()   # process group, model and data count towards the time to the first step
+    with self.session() as state, StopFlag() as stop:
+        self.start(state)
+        try:
+            while self.state.step < self.max_steps:
+                t0 = time.perf_counter()
+                loss, gnorm, lr, signalled, time_due = self.step(stop)
+                self.log_step(loss, gnorm, lr, time.perf_counter() - t0)
+                if self.nonfinite < MAX_NONFINITE:
+                    self.evaluate()
+                    self.save(loss, lr, signalled, time_due)
+                if self.stop(stop.signal, signalled): break
+        except NxpError:
+            self.prog.close()   # the one line that ends the run (a failed save) comes on a line of its own
+            raise
+        return self.finish()
+
+@patch
+def finish(self: Trainer) -> TrainResult:
+    "Wait for saves, close the logs, and the run's figures."
+    self.ck.wait()
+    self.prog.close()
+    if self.steps_log: self.steps_log.close()
+    res, tokens_per_step = self.result, self.recipe.data.global_batch * self.recipe.model.seq_len
+    res.final_step = self.state.step
+    if res.last_checkpoint is None:          # nothing saved in this call (already at max_steps): the newest on disk
+        from nxpretrain.train.checkpoint import latest_checkpoint
+        ck = latest_checkpoint(self.run_dir / 'checkpoints', deep=False, log=lambda m: None)
+        res.last_checkpoint = str(ck) if ck else None
+    res.tokens_per_s = len(res.steps) * tokens_per_step / self.step_time if self.step_time else 0.0
+    self.log(f"done at step {res.final_step} ({res.stopped}); {res.tokens_per_s:.0f} tokens/s; last checkpoint "
+             f"{res.last_checkpoint}")
+    self.scalars.close(step=res.final_step, stopped=res.stopped, exit_code=res.exit_code,
+                       loss=res.losses[-1] if res.losses else None, tokens_per_s=round(res.tokens_per_s, 1))
+    return res
+
+# %% ../../nbs/api/43_trainer.ipynb #59f53d73
+@patch
+def session(self: Trainer):
+    "The process group and mesh of the run (`parallel_session`): what `start` gets as `state`."
+    from nxpretrain.parallel.state import parallel_session
+    return parallel_session(self.recipe)
+
+@patch
+def build_model(self: Trainer):
+    "This rank's `ParallelModel` on the mesh `self.st`, initialised from `trainer.seed` identically under any layout."
+    if self.st.device == 'xla':
+        from nxpretrain.train.xla import build_xla_model
+        return build_xla_model(self.recipe, self.st)
+    from nxpretrain.parallel.engine import build_parallel_model
+    return build_parallel_model(self.recipe, self.st, seed=self.recipe.trainer.seed)
+
+@patch
+def peak_tflops(self: Trainer) -> float:
+    "The matmul peak of this process's device that the MFU figure divides by (measured once per process)."
+    from nxpretrain.perf import peak_tflops
+    from nxpretrain.clusters import profile
+    if self.st.device == 'xla': return profile(self.recipe.cluster.profile).device_tflops
+    return peak_tflops(self.recipe.parallel.precision, self.st.torch_device.type)
+
+# %% ../../nbs/api/43_trainer.ipynb #552c8728
 @patch
 def check_disk(self: Trainer):
     "Stop (or warn, `trainer.low_disk=warn`) when the checkpoint folder has no room for the checkpoints of this run."
@@ -476,7 +497,8 @@ def train(
     weights_only: bool = False,
     async_save: bool = False,
     progress: bool = True,
+    data_root: str = 'runs/data',
 ) -> TrainResult:
     "Train `recipe` in this process (one CPU, or one rank of a torchrun job); see `TrainResult`."
     return Trainer(recipe, out_dir, max_steps, datasets=datasets, resume_from=resume_from, weights_only=weights_only,
-                   async_save=async_save, progress=progress).run()
+                   async_save=async_save, progress=progress, data_root=data_root).run()
