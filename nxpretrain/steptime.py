@@ -47,7 +47,7 @@ class Calibration:
 
 FITS: dict[tuple[str, str], Calibration] = {
     ('NxD Training', 'trn1'): Calibration(0.414, 'fit: seed 4 Llama-3 70B on 16 trn1'),
-    ('neuronx-nemo-megatron', 'trn1'): Calibration(0.213, 'fit: seed 0 GPT-3 23B on 4 trn1'),
+    ('neuronx-nemo-megatron', 'trn1'): Calibration(0.210, 'fit: seed 0 GPT-3 23B on 4 trn1'),
     ('Megatron-LM', 'a100'): Calibration(0.620, 'fit: Megatron-LM 145.6B on 1536 A100'),
     ('Megatron-LM', 'h100'): Calibration(0.539, 'fit: Megatron-Core GPT-3 177B on 2304 H100'),
 }
