@@ -179,6 +179,7 @@ def in_flight(r: Recipe, dp: int | None = None) -> float:
     n = min(_micro_batches(r, dp), p.pp)
     return n * (1 + (p.pp - 1) / (p.pp * p.virtual_pp)) if p.virtual_pp > 1 else n   # interleaving's extra warm-up
 
+# %% ../nbs/api/02_plan.ipynb #a44219d8
 def _engine_activations(r: Recipe, dp: int) -> float:
     """Peak activation bytes on pipeline rank 0: its blocks × micro-batches in flight, the first stage's inputs, the
     step's bf16 weight copies and one layer's backward; with one stage, the loss."""
@@ -221,6 +222,7 @@ def _backward_bytes(r: Recipe) -> float:
     weight = max(m.ffn, m.hidden) * m.hidden / p.tp * (6 + (2 if recast else 0))
     return 2 * e * _sbh(r) + module + weight
 
+# %% ../nbs/api/02_plan.ipynb #b5f3eca7
 def _pipeline_buffers(r: Recipe, dp: int) -> float:
     """Receive buffers alive at once on the busiest pipeline rank: the inputs of its stage passes in flight that came
     from another rank, and the gradient it waits for (`nxpretrain.parallel.stage`)."""
@@ -295,6 +297,7 @@ def _tp_bytes(r: Recipe) -> float:
         per_rank.append(sum(len(stages[s]) for s in ids) * block + ends)
     return max(per_rank)
 
+# %% ../nbs/api/02_plan.ipynb #76cefe6e
 @dataclass(repr=False)
 class Plan:
     "A recipe's plan on its cluster, as the engine that runs its job runs it."

@@ -66,3 +66,15 @@ def test_the_monitor_runs_no_scheduler_command():
     text = (PKG / 'monitor.py').read_text()
     for word in ('subprocess', 'scontrol', 'sacct', 'squeue', "scheduler != 'slurm'", '._listed'):
         assert word not in text, word
+
+
+def test_no_export_cell_longer_than_60_lines():
+    "fastcore's rhythm: a unit, a sentence, its example – a long class is split with @patch, as 41_checkpoint does."
+    import json
+    long = []
+    for nb in sorted((PKG.parent / 'nbs' / 'api').glob('*.ipynb')):
+        for i, cell in enumerate(json.loads(nb.read_text())['cells']):
+            src = ''.join(cell['source'])
+            if cell['cell_type'] == 'code' and re.match(r'#\|\s*export', src) and len(src.splitlines()) > 60:
+                long.append(f"{nb.name} cell {i} ({len(src.splitlines())} lines)")
+    assert not long, long
