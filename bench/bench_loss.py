@@ -142,7 +142,7 @@ def grad_norm(g) -> float:
 
 def run_tp(a) -> dict:
     "`run_one` on each of `a.tp` gloo processes: the largest rank's bytes and time."
-    from nxpretrain.parallel.spawn import run_distributed
+    from nxpretrain.testing.spawn import run_distributed
     ranks = run_distributed(run_one, a.tp, a, timeout=1800, threads=a.threads)
     worst = {k: max(r[k] for r in ranks) for k in ('peak_bytes', 'rss_growth', 'seconds')}
     return ranks[0] | worst

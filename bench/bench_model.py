@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 import torch.nn.functional as F
 from nxpretrain.recipes import get_recipe
-from nxpretrain.models.config import padded_vocab
+from nxpretrain.models.args import padded_vocab
 from nxpretrain.config import override
 from nxpretrain.parallel.kernels import attention_kernel, loss_chunk_tokens
 from nxpretrain.models.registry import build_model
@@ -157,7 +157,7 @@ def rate(tflops: float) -> str:
 def engine_trainer(model, tokens, bf16, recipe, state, compile=False):
     """The trainer's step: the parallel engine in a world of one (loss over global counts, global norm, clipping, fused
     AdamW)."""
-    from nxpretrain.parallel.engine import parallelize
+    from nxpretrain.parallel.parallelize import parallelize
     from nxpretrain.train.optim import optimizer_spec
     r = override(recipe, f'data.micro_batch={tokens.shape[0]}', f'data.global_batch={tokens.shape[0]}',
                  f"parallel.precision={'bf16' if bf16 else 'fp32'}", 'optim.lr=1e-4', 'optim.weight_decay=0.0',

@@ -14,7 +14,7 @@ one busy process (a one-thread matmul loop, another job on the same machine) bes
     python bench/bench_parallel.py --layouts dp2 dp2_after   # DP sums during backward against after it
 """
 import argparse, contextlib, os, subprocess, sys, time, torch, torch.distributed as dist
-from nxpretrain.parallel.spawn import run_distributed
+from nxpretrain.testing.spawn import run_distributed
 
 LAYOUTS = {'dp2': ('parallel.dp=-1',), 'dp2_after': ('parallel.overlap_grad_reduce=false',),
            'zero1': ('parallel.zero1=true',), 'fsdp2': ('parallel.fsdp=true',), 'tp2': ('parallel.tp=2',),
@@ -45,9 +45,9 @@ def train(args, layout):
     from nxpretrain.models.registry import build_model
     from nxpretrain.models.blocks import count_parameters
     from nxpretrain.parallel.state import initialize_model_parallel
-    from nxpretrain.models.config import padded_vocab
-    from nxpretrain.parallel.engine import build_parallel_model
-    from nxpretrain.parallel.data import dp_shard
+    from nxpretrain.models.args import padded_vocab
+    from nxpretrain.parallel.parallelize import build_parallel_model
+    from nxpretrain.parallel.fsdp import dp_shard
     from nxpretrain.train.allocator import keep_freed_memory
     keep_freed_memory()   # as the trainer on a CPU
     r = recipe(args, layout)
@@ -72,7 +72,7 @@ def exposed_share(pm, x, y, opt, steps: int = 2) -> float:
     """Share of the step that waits for DP gradient sums (the engine's `DP_WAIT` profiler range), over `steps` profiled
     steps."""
     from torch.profiler import profile, ProfilerActivity
-    from nxpretrain.parallel.engine import DP_WAIT
+    from nxpretrain.parallel.parallelize import DP_WAIT
     t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps): pm.train_step(x, y, opt)

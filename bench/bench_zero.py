@@ -7,7 +7,7 @@
 import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
-from nxpretrain.parallel.spawn import run_distributed
+from nxpretrain.testing.spawn import run_distributed
 
 
 def state_bytes(args, flat: bool) -> int:
@@ -15,9 +15,9 @@ def state_bytes(args, flat: bool) -> int:
     shards)."""
     from nxpretrain.recipes import get_recipe
     from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
-    from nxpretrain.parallel.engine import build_parallel_model, param_groups
+    from nxpretrain.parallel.parallelize import build_parallel_model, param_groups
     from nxpretrain.parallel.zero import Zero1Optimizer, FlatZero1Optimizer, local
-    from nxpretrain.parallel.data import dp_shard
+    from nxpretrain.parallel.fsdp import dp_shard
     r = get_recipe(args.recipe, f'parallel.tp={args.tp}', 'parallel.zero1=true', 'parallel.precision=fp32',
                    f'data.micro_batch=1', f'data.global_batch={args.world // args.tp}', 'model.seq_len=32')
     st = initialize_model_parallel(args.tp, 1, 1, 'cpu')

@@ -140,7 +140,7 @@ def _setup(a):
 
 def _compile(a):
     from nxpretrain.stages import load_recipe
-    from nxpretrain.launch.compile import compile_stage
+    from nxpretrain.launch.compile_job import compile_stage
     report = compile_stage(load_recipe(a.model, a.overrides), a.cluster or None, a.out)   # prints its own report
     if not report.ok: sys.exit(1)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from .errors import RecipeError
 from .clusters import profile
-from .models.config import ModelConfig
+from .models.args import ModelConfig
 
 # %% auto #0
 __all__ = ['RecomputeKind', 'ParallelConfig', 'DataConfig', 'OptimConfig', 'TrainerConfig', 'ClusterConfig', 'Recipe',

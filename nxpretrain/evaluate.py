@@ -16,7 +16,7 @@ def load_model(checkpoint, recipe: Recipe | None = None):
     """(model in eval mode, recipe) from a checkpoint folder: nxpretrain's (`checkpoints/step_<N>`, read sharded) or
     another engine's (Megatron-LM's `iter_NNNNNNN`, read a tensor at a time through its engine)."""
     from nxpretrain.models.registry import build_model
-    from nxpretrain.models.config import padded_vocab
+    from nxpretrain.models.args import padded_vocab
     from nxpretrain.launch.engine import engine_for_checkpoint
     engine = engine_for_checkpoint(checkpoint)
     if engine.name == 'native':
@@ -39,7 +39,7 @@ def perplexity(checkpoint, steps: int | None = None, recipe: Recipe | None = Non
     from nxpretrain.errors import DataError
     from nxpretrain.config import ParallelConfig
     from nxpretrain.parallel.state import parallel_session
-    from nxpretrain.parallel.engine import parallelize
+    from nxpretrain.parallel.parallelize import parallelize
     from nxpretrain.train.trainer import evaluate_loss, build_datasets
     model, r = load_model(checkpoint, recipe)
     steps = steps or max(r.trainer.eval_steps, 1)

@@ -38,7 +38,7 @@ def reset_peak_rss():
 def measure_step(r: Recipe) -> dict:
     "On each rank of a running process group: one build and optimizer step of `r`; its peak resident bytes."
     from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
-    from nxpretrain.parallel.engine import build_parallel_model
+    from nxpretrain.parallel.parallelize import build_parallel_model
     from nxpretrain.trace import MESH_GROUPS
     p = r.parallel
     st = initialize_model_parallel(p.tp, p.pp, p.cp, 'cpu')
@@ -77,7 +77,7 @@ def measure(r: Recipe | str, timeout: float = 900, allocator_env: dict | None = 
     return [json.loads(l) for l in res.stdout.splitlines() if l.startswith('{')]
 
 def _main(path: str, timeout: str):
-    from nxpretrain.parallel.spawn import run_distributed
+    from nxpretrain.testing.spawn import run_distributed
     r = from_yaml(path)
     for row in run_distributed(measure_step, world_size(r), r, timeout=float(timeout)): print(json.dumps(row))
 

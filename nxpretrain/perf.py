@@ -7,7 +7,7 @@ reports."""
 from __future__ import annotations
 import time, functools
 import torch
-from .models.config import ModelConfig, padded_vocab
+from .models.args import ModelConfig, padded_vocab
 from .plan import flops_per_token
 
 # %% auto #0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from .config import Recipe, data_parallel_size, world_size
-from .models.config import ModelConfig, padded_vocab
+from .models.args import ModelConfig, padded_vocab
 from .validate import problems
 from .recipes import get_recipe
 from .parallel.kernels import attention_kernel, loss_chunk_tokens, dense_attention_blocks

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from .config import Recipe, data_parallel_size
 from .recipes import get_recipe
-from .models.config import padded_vocab
+from .models.args import padded_vocab
 from .clusters import ClusterProfile, profile
 from .models.registry import family
 

@@ -262,7 +262,7 @@ def _unscaled_after_loop(pm, tracker):
 def trace_rank(r: Recipe | str, rank: int, limit: int | None = None) -> RankTrace:
     "Trace one training step of rank `rank` of recipe `r` at its real size and world (nothing is allocated)."
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from nxpretrain.parallel.engine import build_parallel_model, attach_schedule
+    from nxpretrain.parallel.parallelize import build_parallel_model, attach_schedule
     r = get_recipe(r) if isinstance(r, str) else r
     if why := untraceable(r): raise RecipeError(why)
     t0, n, k = time.time(), micro_batches(r), traced_micro_batches(r, limit)
@@ -432,7 +432,7 @@ def forward_keeps(r: Recipe | str, rank: int) -> list[tuple]:
     """(module, op, dtype, shape, bytes) of every storage one micro-batch's forward leaves alive on rank `rank` of `r`
     (its stages run one after another, each on a micro-batch's input)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from nxpretrain.parallel.engine import build_parallel_model
+    from nxpretrain.parallel.parallelize import build_parallel_model
     r = get_recipe(r) if isinstance(r, str) else r
     rk = override(with_micro_batches(r, traced_micro_batches(r)), 'trainer.compile=false',
                   f'parallel.attention={attention_kernel(r)}')

@@ -9,7 +9,7 @@ import contextlib, fcntl, io, json, os, re, shlex, shutil, subprocess, sys, time
 from pathlib import Path
 import pytest
 from nxpretrain.cli import main, EXAMPLES
-from nxpretrain.launch.localslurm import LocalSlurm, why_no_slurm
+from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(600)

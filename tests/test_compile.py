@@ -74,7 +74,7 @@ def test_dp2_compiled_equals_one_process(cache, compiled, tmp_path):
 
 
 def test_compile_stage_fills_the_cache_the_training_run_reads(tmp_path):
-    from nxpretrain.launch.compile import compile_stage
+    from nxpretrain.launch.compile_job import compile_stage
     cache = tmp_path / 'cache'
     r = override(R, f'trainer.compile_cache={cache}')
     rep = compile_stage(r, out_dir=tmp_path / 'stage', steps=2, show=lambda *a: None)

@@ -173,7 +173,7 @@ def test_wikicorpus_llama3_recipe_to_blocks(tmp_path, cache):
     """Seed 4: wikicorpus JSONL (served here instead of HF datasets) + a Llama-3-style tokenizer.json → 8192-token-style
     blocks."""
     from tokenizers import processors
-    from nxpretrain.data.blocks import BlockDataset
+    from nxpretrain.data.bert_blocks import BlockDataset
     docs = demo_documents()[:500]
     write_jsonl(docs, tmp_path / 'srv' / 'wikicorpus_raw_en.jsonl')
     from nxpretrain.data.tokenizers import train_bpe

@@ -11,7 +11,7 @@ from hypothesis import given, settings, HealthCheck, strategies as st
 
 from nxpretrain.errors import DataError
 from nxpretrain.data.indexed import IndexedWriter, IndexedDataset, SIDECAR, HEADER_BYTES
-from nxpretrain.data.blocks import BertHDF5Dataset, HDF5_KEYS
+from nxpretrain.data.bert_blocks import BertHDF5Dataset, HDF5_KEYS
 
 SLOW = bool(os.environ.get('NXP_SLOW'))
 CASES = int(os.environ.get('NXP_FUZZ_CASES', 350 if SLOW else 40))
@@ -65,7 +65,7 @@ def test_indexed_pair_mutations(documents, m, sidecar):
 
 
 def _shard(path, n, seq_len, rs):
-    from nxpretrain.data.blocks import write_bert_hdf5
+    from nxpretrain.data.bert_blocks import write_bert_hdf5
     import torch
     samples = []
     for k in range(n):

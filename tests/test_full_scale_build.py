@@ -4,9 +4,9 @@ import math, pytest, torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from nxpretrain.recipes import get_recipe
 from nxpretrain.config import world_size
-from nxpretrain.models.config import padded_vocab
+from nxpretrain.models.args import padded_vocab
 from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
-from nxpretrain.parallel.engine import build_parallel_model
+from nxpretrain.parallel.parallelize import build_parallel_model
 
 
 def local_shapes(recipe, rank: int) -> dict:

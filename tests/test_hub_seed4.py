@@ -71,7 +71,7 @@ def test_seed4_flow_from_the_local_hub(tmp_path, hub, token, monkeypatch, capfd)
     from nxpretrain.train.hf import import_hf, export_hf, checkpoint_recipe
     from nxpretrain.train.checkpoint import load_weights
     from nxpretrain.models.registry import build_model
-    from nxpretrain.models.config import padded_vocab
+    from nxpretrain.models.args import padded_vocab
     monkeypatch.setenv('HF_ENDPOINT', hub.url)                        # read at call time: no endpoint argument below
     monkeypatch.setenv('HF_TOKEN', token)
     seen = len(hub.requests)

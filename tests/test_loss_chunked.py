@@ -3,7 +3,7 @@ whole sequence's logits; its equality under TP, SP, PP and FSDP is in test_paral
 import pytest, torch, torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from nxpretrain.parallel.loss import ChunkedHead, token_loss_sum, IGNORE_INDEX
-from nxpretrain.parallel.spawn import run_distributed
+from nxpretrain.testing.spawn import run_distributed
 
 
 class LargestOutput(TorchDispatchMode):

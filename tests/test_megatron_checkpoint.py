@@ -12,9 +12,9 @@ from nxpretrain.config import to_yaml
 from nxpretrain.errors import CheckpointError, RecipeError
 from nxpretrain.launch.megatron_checkpoint import (LOCAL_NORMS, TE_NORMS, TRACKER, megatron_padded_vocab,
                                                    read_megatron_checkpoint)
-from nxpretrain.models.config import padded_vocab
+from nxpretrain.models.args import padded_vocab
 from nxpretrain.models.registry import build_model
-from nxpretrain.parallel.spawn import free_port
+from nxpretrain.testing.spawn import free_port
 from nxpretrain.recipes import get_recipe
 
 pytest.importorskip('megatron.core')

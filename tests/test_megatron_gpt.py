@@ -3,7 +3,7 @@ vocab-parallel cross-entropy) and every parameter's gradient. The weight mapping
 uses (bench/mcore_gpt.py), so this also proves that its megatron-core row runs the same model as ours."""
 import os, sys
 import pytest, torch
-from nxpretrain.parallel.spawn import run_distributed
+from nxpretrain.testing.spawn import run_distributed
 
 pytest.importorskip('megatron.core')
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'bench')
@@ -15,7 +15,7 @@ def megatron_against_ours(layers: int, hidden: int, heads: int, vocab: int, seq:
     import torch.nn.functional as F
     import mcore_gpt
     from nxpretrain.recipes import get_recipe
-    from nxpretrain.models.config import padded_vocab
+    from nxpretrain.models.args import padded_vocab
     from nxpretrain.models.registry import build_model
     from nxpretrain.models.hf_mapping import randomize_, max_rel_diff
     r = get_recipe('gpt3_tiny', f'model.n_layers={layers}', f'model.hidden={hidden}', f'model.n_heads={heads}',

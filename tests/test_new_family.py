@@ -9,7 +9,7 @@ from nxpretrain.families import ModelFamily, register_family
 from nxpretrain.objective import Objective
 from nxpretrain.models.bert import BERT_HF, bert_block
 from nxpretrain.models.blocks import Attention, SwiGLU, RMSNorm, TransformerBlock, LanguageModel
-from nxpretrain.models.config import padded_vocab
+from nxpretrain.models.args import padded_vocab
 from nxpretrain.recipes import get_recipe
 
 
@@ -108,7 +108,7 @@ ENCODER = register_family(ModelFamily(
 
 # Functions of this file run on every rank: a rank process imports this file to find them, and so registers the family.
 def check_swigpt(overrides):
-    from nxpretrain.parallel.check import check_layout
+    from nxpretrain.testing.layouts import check_layout
     return check_layout('swigpt', overrides, 2)
 
 def train_swigpt(recipe, out, steps):
@@ -116,15 +116,15 @@ def train_swigpt(recipe, out, steps):
     return train(recipe, out, steps, progress=False)
 
 def run(fn, *args):
-    from nxpretrain.parallel.spawn import run_distributed
+    from nxpretrain.testing.spawn import run_distributed
     return run_distributed(fn, 2, *args, timeout=300)
 
 def equal_layout(*overrides):
-    from nxpretrain.parallel.check import assert_equal_to_reference
+    from nxpretrain.testing.layouts import assert_equal_to_reference
     return assert_equal_to_reference(run(check_swigpt, overrides))
 
 def check_encoder(overrides):
-    from nxpretrain.parallel.check import check_layout
+    from nxpretrain.testing.layouts import check_layout
     return check_layout('encoder_mlm', overrides, 2)
 
 
@@ -180,7 +180,7 @@ def test_the_encoder_plans_and_splits_its_own_batches():
     from nxpretrain.models.registry import build_model
     from nxpretrain.models.blocks import count_parameters
     from nxpretrain.train.trainer import model_inputs
-    from nxpretrain.parallel.check import tiny_recipe, tiny_batch
+    from nxpretrain.testing.layouts import tiny_recipe, tiny_batch
     r = tiny_recipe('encoder_mlm')
     assert count_parameters(build_model(r.model)) == plan.model_parameters(r.model, padded_vocab(r.model))
     assert plan.plan(r).parameters == plan.model_parameters(r.model, padded_vocab(r.model, r.parallel.tp))
@@ -191,12 +191,12 @@ def test_the_encoder_plans_and_splits_its_own_batches():
 
 
 def test_the_encoder_trains_under_tp2_equal_to_one_process():
-    from nxpretrain.parallel.check import assert_equal_to_reference
+    from nxpretrain.testing.layouts import assert_equal_to_reference
     assert_equal_to_reference(run(check_encoder, ('parallel.tp=2',)))
 
 
 def test_the_encoder_trains_under_fsdp_equal_to_one_process():
-    from nxpretrain.parallel.check import assert_equal_to_reference
+    from nxpretrain.testing.layouts import assert_equal_to_reference
     assert_equal_to_reference(run(check_encoder, ('parallel.fsdp=true',)))
 
 

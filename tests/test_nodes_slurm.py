@@ -3,7 +3,7 @@ holds both nodes, and `nxpretrain watch JOB --nodes` asking each node through `s
 (no GPU or Trainium here: their parsers are tested on recorded outputs in nbs/api/59_nodes.ipynb)."""
 import contextlib, fcntl, io, os, re, subprocess, time
 import pytest
-from nxpretrain.launch.localslurm import LocalSlurm, why_no_slurm
+from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
 
 REASON = why_no_slurm(install=False)
 pytestmark = [pytest.mark.skipif(bool(REASON), reason=f"cannot run: {REASON}"), pytest.mark.timeout(300)]

@@ -1,8 +1,8 @@
 """Every parallel layout equals the single-process model: losses over several optimizer steps, gradients, gradient norms
-and weights, on real gloo processes (see `nxpretrain.parallel.check` for the tolerances and why)."""
+and weights, on real gloo processes (see `nxpretrain.testing.layouts` for the tolerances and why)."""
 import os, pytest, torch
-from nxpretrain.parallel.spawn import run_distributed
-from nxpretrain.parallel.check import check_layout, assert_equal_to_reference, TOLERANCE
+from nxpretrain.testing.spawn import run_distributed
+from nxpretrain.testing.layouts import check_layout, assert_equal_to_reference, TOLERANCE
 
 SLOW = pytest.mark.skipif(not os.environ.get('NXPRETRAIN_SLOW'), reason='slow: set NXPRETRAIN_SLOW=1')
 SP = 'parallel.sequence_parallel=true'
@@ -47,11 +47,11 @@ def test_tp2_sp_dp2_overlapped_gradient_sums():
 
 def _overlap_probe():
     "Buckets whose all-reduce backward had started before `reduce_grads` ran, of all buckets, on this rank."
-    from nxpretrain.parallel.check import tiny_recipe, tiny_batch
+    from nxpretrain.testing.layouts import tiny_recipe, tiny_batch
     from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
-    from nxpretrain.parallel.engine import build_parallel_model
+    from nxpretrain.parallel.parallelize import build_parallel_model
     from nxpretrain.parallel.zero import OverlappedGradReducer
-    from nxpretrain.parallel.data import dp_shard
+    from nxpretrain.parallel.fsdp import dp_shard
     r = tiny_recipe('gpt', 'parallel.zero1=true')
     state = initialize_model_parallel(1, 1, 1, 'cpu')
     pm = build_parallel_model(r, state)
@@ -65,17 +65,17 @@ def _overlap_probe():
     return out
 
 def test_dp_buckets_are_all_reduced_during_backward():
-    from nxpretrain.parallel.spawn import run_distributed
+    from nxpretrain.testing.spawn import run_distributed
     for started, buckets, armed in run_distributed(_overlap_probe, 2, timeout=120):
         assert buckets > 3 and started == buckets and not armed
 
 def _zero1_state_bytes():
     "This rank's AdamW state bytes under ZeRO-1 (flat slices) after one step, over DP 2 with TP 2."
-    from nxpretrain.parallel.check import tiny_recipe, tiny_batch
+    from nxpretrain.testing.layouts import tiny_recipe, tiny_batch
     from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
-    from nxpretrain.parallel.engine import build_parallel_model
+    from nxpretrain.parallel.parallelize import build_parallel_model
     from nxpretrain.parallel.zero import FlatZero1Optimizer, local
-    from nxpretrain.parallel.data import dp_shard
+    from nxpretrain.parallel.fsdp import dp_shard
     r = tiny_recipe('llama', 'parallel.zero1=true', 'parallel.tp=2')
     state = initialize_model_parallel(2, 1, 1, 'cpu')
     pm = build_parallel_model(r, state)
@@ -88,7 +88,7 @@ def _zero1_state_bytes():
     return out
 
 def test_zero1_ranks_hold_equal_optimizer_bytes():
-    from nxpretrain.parallel.spawn import run_distributed
+    from nxpretrain.testing.spawn import run_distributed
     res = run_distributed(_zero1_state_bytes, 4, timeout=120)
     assert all(flat for flat, _ in res) and len({b for _, b in res}) == 1 and res[0][1] > 0
 
@@ -147,11 +147,11 @@ def _bf16_steps(overrides: tuple, keep_everything: bool = False) -> tuple:
     digest of this rank's weights. `keep_everything`: other saved-tensor hooks around the step, so `parallel.saved`'s
     regions stand aside and autograd keeps the gathered inputs (the engine before the re-gather)."""
     import contextlib, hashlib
-    from nxpretrain.parallel.check import tiny_recipe, tiny_batch
+    from nxpretrain.testing.layouts import tiny_recipe, tiny_batch
     from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
-    from nxpretrain.parallel.engine import build_parallel_model
+    from nxpretrain.parallel.parallelize import build_parallel_model
     from nxpretrain.parallel.zero import local
-    from nxpretrain.parallel.data import dp_shard
+    from nxpretrain.parallel.fsdp import dp_shard
     r = tiny_recipe('llama', 'parallel.tp=2', SP, 'parallel.precision=bf16', *overrides)
     state = initialize_model_parallel(2, 1, 1, 'cpu')
     pm = build_parallel_model(r, state, seed=0)

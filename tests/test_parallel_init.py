@@ -1,7 +1,7 @@
 """Initialisation does not depend on the layout: right after `build_parallel_model` (built on meta, each rank
 materialising only its shards), the gathered weights of every layout equal the one-process model's bit for bit."""
 import pytest, torch
-from nxpretrain.parallel.spawn import run_distributed
+from nxpretrain.testing.spawn import run_distributed
 
 SP = 'parallel.sequence_parallel=true'
 LAYOUTS = [
@@ -20,10 +20,10 @@ LAYOUTS = [
 
 def gathered_weights(arch: str, overrides: tuple, seed: int = 3) -> dict:
     "On every rank: this rank's parameters after init, gathered to whole tensors (K/V replicas undone), by name."
-    from nxpretrain.parallel.check import tiny_recipe
+    from nxpretrain.testing.layouts import tiny_recipe
     from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
-    from nxpretrain.parallel.engine import build_parallel_model
-    from nxpretrain.parallel.tensor import unreplicate_kv, kv_replicated_params
+    from nxpretrain.parallel.parallelize import build_parallel_model
+    from nxpretrain.parallel.tensor_parallel import unreplicate_kv, kv_replicated_params
     r = tiny_recipe(arch, *overrides)
     st = initialize_model_parallel(r.parallel.tp, r.parallel.pp, r.parallel.cp, 'cpu')
     pm = build_parallel_model(r, st, seed=seed)
@@ -39,9 +39,9 @@ def gathered_weights(arch: str, overrides: tuple, seed: int = 3) -> dict:
 
 @pytest.mark.parametrize('name,world,arch,overrides', LAYOUTS, ids=[l[0] for l in LAYOUTS])
 def test_initial_weights_equal_the_single_process_model(name, world, arch, overrides):
-    from nxpretrain.parallel.check import tiny_recipe
+    from nxpretrain.testing.layouts import tiny_recipe
     from nxpretrain.models.registry import build_model
-    from nxpretrain.models.config import padded_vocab
+    from nxpretrain.models.args import padded_vocab
     r = tiny_recipe(arch, *overrides)
     # a tied head under its own name too
     ref = dict(
@@ -61,7 +61,7 @@ def test_initial_weights_equal_the_single_process_model(name, world, arch, overr
 
 def test_a_different_seed_gives_different_weights():
     "The check can fail: another seed changes every random tensor."
-    from nxpretrain.parallel.check import tiny_recipe
+    from nxpretrain.testing.layouts import tiny_recipe
     from nxpretrain.models.registry import build_model
     r = tiny_recipe('gpt')
     a, b = build_model(r.model, seed=3), build_model(r.model, seed=4)

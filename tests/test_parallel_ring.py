@@ -1,6 +1,6 @@
 """Ring attention across real processes equals plain SDPA on the whole sequence: outputs and gradients."""
 import pytest
-from nxpretrain.parallel.spawn import run_distributed
+from nxpretrain.testing.spawn import run_distributed
 from nxpretrain.parallel.ring import check_ring_attention
 
 @pytest.mark.parametrize('world', [2, 4])

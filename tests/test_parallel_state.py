@@ -1,7 +1,7 @@
 """The (pp, dp, cp, tp) mesh on real processes: NxD's rank grid, getters, neighbours, log tags; the harness's failure
 modes."""
 import os, time, pytest, torch, torch.distributed as dist
-from nxpretrain.parallel.spawn import run_distributed, DistributedError, fail_on_rank
+from nxpretrain.testing.spawn import run_distributed, DistributedError, fail_on_rank
 from nxpretrain.parallel import state as ps
 
 def layout(tp, pp, cp):
@@ -41,7 +41,7 @@ def test_bad_layout_refused_before_any_process_group():
 def test_slurm_env_start():
     env = {'SLURM_PROCID': '0', 'SLURM_NTASKS': '1', 'SLURM_LOCALID': '0', 'SLURM_JOB_NODELIST': 'localhost',
            'MASTER_ADDR': '127.0.0.1',
-           'MASTER_PORT': str(__import__('nxpretrain.parallel.spawn', fromlist=['x']).free_port())}
+           'MASTER_PORT': str(__import__('nxpretrain.testing.spawn', fromlist=['x']).free_port())}
     st = ps.init_distributed(env=env, device='cpu')
     try: assert st.world == 1 and st.tag == '[rank_0_pp0_tp0_dp0_cp0]'
     finally:

@@ -10,7 +10,7 @@ from nxpretrain.plan import plan
 from nxpretrain.clusters import profile
 from nxpretrain.launch.job import make_job
 from nxpretrain.launch.slurm import SlurmLauncher
-from nxpretrain.launch.localslurm import LocalSlurm, why_no_slurm
+from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
 
 SEED1 = ('gpt3_175b_p4de', 'gpt3_126m_p4de')
 IMAGE = '/apps/bignlp-training_22.09-py3-bcp-nsys-2022.5.1-v2-efa.sqsh'

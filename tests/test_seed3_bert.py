@@ -8,7 +8,7 @@ import pytest
 from nxpretrain.data import s3
 from nxpretrain.data.archive import fetch_bert_hdf5, BERT_HDF5_TARS
 from nxpretrain.data.bert_corpus import SEED3_LAYOUT, write_bert_corpus, train_wordpiece, split_sentences
-from nxpretrain.data.blocks import BertHDF5Dataset, HDF5_KEYS
+from nxpretrain.data.bert_blocks import BertHDF5Dataset, HDF5_KEYS
 from nxpretrain.data.corpus import DataError, demo_documents
 from nxpretrain.recipes import get_recipe
 from nxpretrain.train.trainer import train

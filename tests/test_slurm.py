@@ -4,7 +4,7 @@ import json, os, sys, time
 from pathlib import Path
 import pytest
 import nxpretrain
-from nxpretrain.launch.localslurm import LocalSlurm, why_no_slurm
+from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
 from nxpretrain.errors import SlurmError
 from nxpretrain.launch.job import make_job, make_array_job
 from nxpretrain.launch.launcher import submit, status, cancel, tail, wait, job_table

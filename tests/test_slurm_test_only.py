@@ -5,7 +5,7 @@ from collections import defaultdict
 import pytest
 from nxpretrain.recipes import CATALOG
 from nxpretrain.clusters import profile
-from nxpretrain.launch.localslurm import LocalSlurm, why_no_slurm
+from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
 from nxpretrain.errors import SlurmError
 from nxpretrain.launch.job import make_job
 from nxpretrain.launch.slurm import SlurmLauncher

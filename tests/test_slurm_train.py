@@ -6,7 +6,7 @@ import importlib.util, json, os, subprocess, sys, time
 from pathlib import Path
 import pytest
 import nxpretrain
-from nxpretrain.launch.localslurm import LocalSlurm, why_no_slurm
+from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
 from nxpretrain.launch.job import make_job, data_prep_jobs
 from nxpretrain.launch.launcher import submit, status, cancel, tail, wait, log_path, submit_chain
 from nxpretrain.launch.slurm import SlurmLauncher
@@ -120,7 +120,7 @@ def test_cancel_does_not_requeue(corpus, tmp_path):
 
 
 def test_compile_stage_dry_run_on_slurm(corpus, tmp_path):
-    from nxpretrain.launch.compile import compile_stage
+    from nxpretrain.launch.compile_job import compile_stage
     rep = compile_stage('gpt3_tiny', 'ci@2', tmp_path / 'compile', overrides=_small(corpus), steps=2, wait_s=300)
     assert rep.ok and rep.action == 'submitted' and rep.steps_reached == 2, str(rep)
     assert Path(rep.cache_env['TORCHINDUCTOR_CACHE_DIR']).parent.exists()

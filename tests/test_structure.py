@@ -32,8 +32,10 @@ def test_the_trainer_does_not_duck_type_the_model():
 
 
 def test_the_engine_composes_its_concern_modules():
-    text = (PKG / 'parallel' / 'engine.py').read_text()
-    for concern in ('loss', 'pipeline', 'tensor', 'context', 'activation', 'compile', 'data', 'init', 'zero'):
+    text = (PKG / 'parallel' / 'parallelize.py').read_text()
+    concerns = ('loss', 'pipeline', 'tensor_parallel', 'context_parallel', 'activation_checkpoint', 'saved', 'compile',
+                'fsdp', 'init', 'zero')
+    for concern in concerns:
         assert f'from .{concern} import' in text or f'nxpretrain.parallel.{concern} import' in text, concern
     tree = ast.parse(text)
     attached = [n for n in tree.body if isinstance(n, ast.Assign) and any(
@@ -78,3 +80,10 @@ def test_no_export_cell_longer_than_60_lines():
             if cell['cell_type'] == 'code' and re.match(r'#\|\s*export', src) and len(src.splitlines()) > 60:
                 long.append(f"{nb.name} cell {i} ({len(src.splitlines())} lines)")
     assert not long, long
+
+
+def test_no_module_name_is_used_twice():
+    "A name says which module it is: no two modules of the package share a file name (`__init__` aside)."
+    from collections import Counter
+    names = Counter(p.name for p in SOURCES if p.name != '__init__.py')
+    assert not [n for n, k in names.items() if k > 1], sorted(n for n, k in names.items() if k > 1)

@@ -53,7 +53,7 @@ def test_checkpoint_exports_to_transformers(tmp_path, single):
     from nxpretrain.train.hf import export_hf, checkpoint_recipe
     from nxpretrain.models.registry import build_model
     from nxpretrain.train.checkpoint import load_weights
-    from nxpretrain.models.config import padded_vocab
+    from nxpretrain.models.args import padded_vocab
     ck = single.last_checkpoint
     out = export_hf(ck, tmp_path / 'hf')
     hf = BertForPreTraining.from_pretrained(out).eval()

@@ -8,7 +8,7 @@ from nxpretrain.recipes import CATALOG
 from nxpretrain.config import override
 from nxpretrain.validate import problems
 from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
-from nxpretrain.parallel.engine import build_parallel_model, attach_schedule
+from nxpretrain.parallel.parallelize import build_parallel_model, attach_schedule
 
 GRID = dict(tp=(1, 2, 8), pp=(1, 2, 4), cp=(1, 2), dp=(1, 2), sp=(False, True), vpp=(1, 2),
             dp_kind=('none', 'fsdp', 'zero1'))

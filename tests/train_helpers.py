@@ -1,6 +1,6 @@
 "Helpers of the trainer tests: runs on real gloo processes whose ranks must agree, and float comparison."
 import math
-from nxpretrain.parallel.spawn import run_distributed
+from nxpretrain.testing.spawn import run_distributed
 from nxpretrain.train.trainer import train
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from ..progress import progress_bar
 from .corpus import DataError
-from .blocks import HDF5_KEYS
+from .bert_blocks import HDF5_KEYS
 
 # %% auto #0
 __all__ = ['SEED3_LAYOUT', 'split_sentences', 'Instance', 'document_instances', 'mask_whole_words', 'write_shard',

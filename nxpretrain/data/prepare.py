@@ -211,7 +211,7 @@ CORPORA = {
         tokenizer='llama3',
         hf=('wikicorpus', 'raw_en'),
         notes='seed 4: HF datasets wikicorpus raw_en (export_hf_dataset) + the Llama 3 '
-        'tokenizer.json; train on 8192-token blocks (nxpretrain.data.blocks)',
+        'tokenizer.json; train on 8192-token blocks (nxpretrain.data.bert_blocks)',
     ),
 }
 

@@ -61,7 +61,7 @@ def megatron_checkpoints(folder) -> list[Path]:
 def megatron_memory(r: Recipe, dp: int):
     "Megatron-LM's bytes per GPU (`nxpretrain.plan.Memory`) for `r` at data-parallel `dp` (first pipeline stage)."
     from nxpretrain.plan import Memory, embedding_parameters, layer_parameters
-    from nxpretrain.models.config import padded_vocab
+    from nxpretrain.models.args import padded_vocab
     m, p, d = r.model, r.parallel, r.data
     V = padded_vocab(m, p.tp)
     n = (math.ceil(m.n_layers / p.pp) * layer_parameters(m) + embedding_parameters(m, V)) / p.tp

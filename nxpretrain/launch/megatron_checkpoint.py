@@ -9,7 +9,7 @@ import json, re
 from pathlib import Path
 from typing import NamedTuple
 from ..config import Recipe, from_yaml
-from ..models.config import ModelConfig, padded_vocab
+from ..models.args import ModelConfig, padded_vocab
 from ..errors import CheckpointError, RecipeError
 
 # %% auto #0

@@ -12,7 +12,7 @@ import json
 import yaml
 from ..config import Recipe, to_yaml
 from ..errors import RecipeError
-from ..models.config import ModelConfig
+from ..models.args import ModelConfig
 from ..recipes import get_recipe
 from ..validate import validate
 from .nxdt_contract import EXAMPLES, NXDT_RECIPES, differences, example_name, flat
@@ -445,7 +445,7 @@ def stage_parameters(m: ModelConfig, tp: int, pp: int, vocab: int, cuts=None) ->
 def nxdt_memory(r: Recipe, dp: int):
     "NxD Training's bytes per device (`nxpretrain.plan.Memory`) for `r` at data-parallel `dp` (busiest stage)."
     from nxpretrain.plan import Memory
-    from nxpretrain.models.config import padded_vocab
+    from nxpretrain.models.args import padded_vocab
     m, p, d = r.model, r.parallel, r.data
     vocab = padded_vocab(m, p.tp)
     n = stage_parameters(m, p.tp, p.pp, vocab, p.pp_cuts)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from .config import ModelConfig, padded_vocab
+from .args import ModelConfig, padded_vocab
 from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
 from ..families import HFAdapter, ModelFamily, register_family
 from ..objective import Objective
@@ -169,7 +169,7 @@ from fastcore.basics import patch
 @patch
 def datasets(self: MlmNsp, recipe, data_root: str):
     "The seed's HDF5 shards as they are, or samples made from the indexed corpus."
-    from nxpretrain.data.blocks import bert_hdf5_shards, bert_special_ids, build_bert_datasets
+    from nxpretrain.data.bert_blocks import bert_hdf5_shards, bert_special_ids, build_bert_datasets
     from nxpretrain.data.prepare import ensure_dataset
     from nxpretrain.data.tokenizers import get_tokenizer
     from nxpretrain.data.archive import BERT_HDF5_TARS, bert_hdf5_folder

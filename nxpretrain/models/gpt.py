@@ -7,7 +7,7 @@ parallel code inside."""
 from __future__ import annotations
 import torch
 import torch.nn as nn
-from .config import ModelConfig, padded_vocab
+from .args import ModelConfig, padded_vocab
 from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
 from ..families import HFAdapter, ModelFamily, register_family
 from ..errors import RecipeError

@@ -8,7 +8,7 @@ models."""
 from __future__ import annotations
 import re
 import torch
-from .config import ModelConfig, padded_vocab
+from .args import ModelConfig, padded_vocab
 from ..errors import RecipeError
 from ..families import FAMILIES, HFAdapter
 from .registry import family

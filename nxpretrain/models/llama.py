@@ -7,7 +7,7 @@ grouped-query attention."""
 from __future__ import annotations
 import torch
 import torch.nn as nn
-from .config import ModelConfig, padded_vocab
+from .args import ModelConfig, padded_vocab
 from .blocks import (Attention, SwiGLU, RMSNorm, TransformerBlock, LanguageModel, rope_inv_freq,
                                       rope_cos_sin, count_parameters)
 from ..families import HFAdapter, ModelFamily, register_family

@@ -7,7 +7,7 @@ Llama, BERT or a registered one."""
 from __future__ import annotations
 from ..errors import RecipeError
 from ..families import FAMILIES, ModelFamily
-from .config import ModelConfig, padded_vocab
+from .args import ModelConfig, padded_vocab
 
 # %% auto #0
 __all__ = ['family', 'build_model']

@@ -225,7 +225,7 @@ def check_saved(seed: int = 0) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module, ColwiseParallel, RowwiseParallel
     from nxpretrain.models.blocks import SwiGLU
-    from nxpretrain.parallel.activation import checkpoint_module
+    from nxpretrain.parallel.activation_checkpoint import checkpoint_module
     tp, rank = dist.get_world_size(), dist.get_rank()
     mesh = init_device_mesh('cpu', (tp,))
     torch.manual_seed(seed)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from ..config import Recipe, from_dict
-from ..models.config import ModelConfig, padded_vocab
+from ..models.args import ModelConfig, padded_vocab
 from ..errors import RecipeError
 
 # %% auto #0

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from ..config import Recipe, to_dict
 from ..errors import RecipeError
-from ..models.config import padded_vocab
+from ..models.args import padded_vocab
 from ..validate import validate
 from ..errors import EXIT_REQUEUE, NxpError, TrainingError
 from ..models.registry import family
@@ -321,7 +321,7 @@ def _update(self: Trainer, loss: float, gnorm):
 def log_step(self: Trainer, loss: float, gnorm, lr: float, dt: float):
     "The step's line in `steps.jsonl`, the progress bar, and every `log_every` steps the seeds' line and scalars."
     from nxpretrain.perf import mfu as model_flops_utilisation
-    from nxpretrain.models.config import padded_vocab
+    from nxpretrain.models.args import padded_vocab
     s, r, res = self.state, self.recipe, self.result
     self.step_time += dt
     self.win_time += dt
@@ -456,7 +456,7 @@ def build_model(self: Trainer):
     if self.st.device == 'xla':
         from nxpretrain.train.xla import build_xla_model
         return build_xla_model(self.recipe, self.st)
-    from nxpretrain.parallel.engine import build_parallel_model
+    from nxpretrain.parallel.parallelize import build_parallel_model
     return build_parallel_model(self.recipe, self.st, seed=self.recipe.trainer.seed)
 
 @patch

@@ -10,8 +10,8 @@ import copy
 import torch
 import torch.distributed as dist
 from ..config import Recipe
-from ..models.config import padded_vocab
-from ..parallel.engine import ParallelModel
+from ..models.args import padded_vocab
+from ..parallel.parallelize import ParallelModel
 from ..parallel.loss import LossCounts, lm_loss_sum
 
 # %% auto #0
