@@ -8,9 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['CAUSAL_LM', 'Objective']
+__all__ = ['IGNORE_INDEX', 'CAUSAL_LM', 'Objective']
 
 # %% ../nbs/api/04b_objective.ipynb #e4e4db9c
+IGNORE_INDEX = -100   # a label that counts in no loss: torch's cross-entropy default, and Megatron's and HF's
+
 @dataclass(frozen=True)
 class Objective:
     """The causal LM's objective: next-token cross-entropy over the labels that are not ignored, averaged over the
@@ -43,7 +45,7 @@ class Objective:
 
     def example(self, tokens, labels, generator=None) -> tuple:
         """(labels, targets, inputs) of a batch `tokens` (B, S) whose next tokens are `labels`: random with a
-        `generator`, else fixed (a trace on `meta`)."""
+        `generator`, else fixed (a trace needs shapes, not values)."""
         return labels, {}, {}
 
 CAUSAL_LM = Objective()

@@ -6,7 +6,7 @@ with the same logits."""
 import dataclasses
 import torch, torch.nn as nn, torch.nn.functional as F
 from nxpretrain.families import ModelFamily, register_family
-from nxpretrain.objective import Objective
+from nxpretrain.objective import Objective, IGNORE_INDEX
 from nxpretrain.models.bert import BERT_HF, bert_block
 from nxpretrain.models.blocks import Attention, SwiGLU, RMSNorm, TransformerBlock, LanguageModel
 from nxpretrain.models.args import padded_vocab
@@ -88,10 +88,10 @@ class MaskedLM(Objective):
     def example(self, tokens, labels, generator=None):
         if generator is None: return labels, {}, {'attention_mask': torch.ones_like(tokens)}
         chosen = torch.rand(tokens.shape, generator=generator) < 0.15
-        masked = torch.where(chosen, labels, torch.full_like(labels, -100))
+        masked = torch.where(chosen, labels, torch.full_like(labels, IGNORE_INDEX))
         mask = torch.ones_like(tokens)
         mask[::2, -3:] = 0   # padding at the end of every other row: its tokens neither attend nor count
-        masked[mask == 0] = -100
+        masked[mask == 0] = IGNORE_INDEX
         return masked, {}, {'attention_mask': mask}
 
 
@@ -187,7 +187,7 @@ def test_the_encoder_plans_and_splits_its_own_batches():
     items = {'input_ids': 1, 'labels': 2, 'token_type_ids': 3, 'attention_mask': 4}
     assert model_inputs(items, ENCODER.objective) == (1, 2, {}, {'token_types': 3, 'attention_mask': 4})
     tokens, labels, targets, inputs = tiny_batch(r)
-    assert targets == {} and inputs['attention_mask'][0, -3:].sum() == 0 and (labels[0, -3:] == -100).all()
+    assert targets == {} and inputs['attention_mask'][0, -3:].sum() == 0 and (labels[0, -3:] == IGNORE_INDEX).all()
 
 
 def test_the_encoder_trains_under_tp2_equal_to_one_process():

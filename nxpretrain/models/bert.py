@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from .args import ModelConfig, padded_vocab
 from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
 from ..families import HFAdapter, ModelFamily, register_family
-from ..objective import Objective
+from ..objective import Objective, IGNORE_INDEX
 
 # %% auto #0
-__all__ = ['BERT_HF', 'IGNORE_INDEX', 'MLM_NSP', 'BERT_FAMILY', 'bert_block', 'Bert', 'bert_to_hf_config',
-           'bert_from_hf_config', 'MlmNsp']
+__all__ = ['BERT_HF', 'MLM_NSP', 'BERT_FAMILY', 'bert_block', 'Bert', 'bert_to_hf_config', 'bert_from_hf_config',
+           'MlmNsp']
 
 # %% ../../nbs/api/24_bert.ipynb #da820203
 def bert_block(cfg: ModelConfig) -> TransformerBlock:
@@ -128,8 +128,6 @@ BERT_HF = HFAdapter(
 )
 
 # %% ../../nbs/api/24_bert.ipynb #f66359c2
-IGNORE_INDEX = -100   # torch's cross-entropy default, as in parallel.loss
-
 @dataclass(frozen=True)
 class MlmNsp(Objective):
     """BERT's pretraining objective: masked-token cross-entropy over the step's masked tokens plus next-sentence

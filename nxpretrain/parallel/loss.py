@@ -10,15 +10,13 @@ import torch.nn as nn
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Replicate
-from ..objective import Objective, CAUSAL_LM
+from ..objective import Objective, CAUSAL_LM, IGNORE_INDEX
 
 # %% auto #0
-__all__ = ['IGNORE_INDEX', 'token_loss_sum', 'LossCounts', 'FusedLinearCrossEntropy', 'ChunkedHead', 'lm_loss_sum',
-           'pretraining_loss', 'StepLoss', 'local_value']
+__all__ = ['token_loss_sum', 'LossCounts', 'FusedLinearCrossEntropy', 'ChunkedHead', 'lm_loss_sum', 'pretraining_loss',
+           'StepLoss', 'local_value']
 
 # %% ../../nbs/api/34a_loss.ipynb #a979ee73
-IGNORE_INDEX = -100
-
 def token_loss_sum(logits, labels, ignore_index: int = IGNORE_INDEX):
     """Sum of the cross-entropy of whole logits (B, S, V) over non-ignored tokens: the plain loss, and the oracle of
     the fused one below (a TP model never has whole logits: its head's rank slices go to `FusedLinearCrossEntropy`)."""

@@ -33,7 +33,7 @@ from .init import init_parts
 
 # %% auto #0
 __all__ = ['DP_WAIT', 'ParallelModel', 'param_groups', 'parallelize', 'attach_schedule', 'materialize',
-           'build_parallel_model']
+           'build_parallel_model', 'micro_rows']
 
 # %% ../../nbs/api/34_parallelize.ipynb #b5ba9530
 class ParallelModel:
@@ -266,7 +266,7 @@ def _reduce_tied_grad(self: ParallelModel):
     dist.all_reduce(g, group=self.state.group('pp'))
 
 # %% ../../nbs/api/34_parallelize.ipynb #88a659e4
-def _rows(tensors: dict, rows: slice) -> dict:
+def micro_rows(tensors: dict, rows: slice) -> dict:
     "Each of `tensors` (batch-first) cut to `rows`: a micro-batch's targets or inputs."
     return {k: v[rows] for k, v in tensors.items()}
 
@@ -285,8 +285,8 @@ def _micro_batch_steps(self: ParallelModel, tokens, labels, targets, inputs) -> 
         sl = slice(i * mb, (i + 1) * mb)
         if self.fsdp: model.set_requires_gradient_sync(i == n_mb - 1)
         if i == n_mb - 1 and (reducer := self.overlap_reducer()) is not None: reducer.arm()
-        out = model(tokens[sl], **_rows(inputs, sl))
-        loss = self.loss(out, labels[sl], _rows(targets, sl))
+        out = model(tokens[sl], **micro_rows(inputs, sl))
+        loss = self.loss(out, labels[sl], micro_rows(targets, sl))
         loss.backward()
         total += local_value(loss)
     return total
@@ -353,10 +353,10 @@ def _micro_batch_sums(self: ParallelModel, tokens, labels, targets, inputs) -> t
     mb, sums = self.recipe.data.micro_batch, torch.zeros(2 + self.objective.eval_sum_count, dtype=torch.float64)
     for i in range(tokens.shape[0] // mb):
         sl = slice(i * mb, (i + 1) * mb)
-        out = self.parts[0](tokens[sl], **_rows(inputs, sl))
+        out = self.parts[0](tokens[sl], **micro_rows(inputs, sl))
         lm = self.objective.lm_output(out)
         sums[0] += local_value(lm_loss_sum(lm, labels[sl], self.ignore_index, self.loss.head))
-        for j, value in enumerate(self.objective.eval_sums(out, _rows(targets, sl)), 2): sums[j] += float(value)
+        for j, value in enumerate(self.objective.eval_sums(out, micro_rows(targets, sl)), 2): sums[j] += float(value)
     return sums
 
 # %% ../../nbs/api/34_parallelize.ipynb #b5d3d7db

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from ..config import Recipe
 from ..models.args import padded_vocab
-from ..parallel.parallelize import ParallelModel
+from ..parallel.parallelize import ParallelModel, micro_rows
 from ..parallel.loss import LossCounts, lm_loss_sum
 
 # %% auto #0
@@ -105,8 +105,8 @@ def forward_backward(self: XlaDPModel, tokens, labels, targets: dict | None = No
     mb, total = self.recipe.data.micro_batch, torch.zeros((), device=tokens.device)
     for i in range(tokens.shape[0] // mb):
         sl = slice(i * mb, (i + 1) * mb)
-        out = self.compute(tokens[sl], **{k: v[sl] for k, v in inputs.items()})
-        loss = self.loss(out, labels[sl], {k: v[sl] for k, v in targets.items()})
+        out = self.compute(tokens[sl], **micro_rows(inputs, sl))
+        loss = self.loss(out, labels[sl], micro_rows(targets, sl))
         loss.backward()
         total += loss.detach().float()
     self.sums.sum_(self.master_grads())
@@ -122,10 +122,9 @@ def evaluate_sums(self: XlaDPModel, tokens, labels, targets: dict | None = None,
     mb, sums = self.recipe.data.micro_batch, torch.zeros(2 + self.objective.eval_sum_count, device=tokens.device)
     for i in range(tokens.shape[0] // mb):
         sl = slice(i * mb, (i + 1) * mb)
-        out = self.compute(tokens[sl], **{k: v[sl] for k, v in inputs.items()})
+        out = self.compute(tokens[sl], **micro_rows(inputs, sl))
         sums[0] += lm_loss_sum(self.objective.lm_output(out), labels[sl], self.ignore_index)
-        micro_targets = {k: v[sl] for k, v in (targets or {}).items()}
-        for j, value in enumerate(self.objective.eval_sums(out, micro_targets), 2):
+        for j, value in enumerate(self.objective.eval_sums(out, micro_rows(targets or {}, sl)), 2):
             sums[j] += torch.as_tensor(value, dtype=sums.dtype)   # on the device: no sync per micro-batch
     sums[1] = (labels != self.ignore_index).sum()
     self.mark_step()
