@@ -9,8 +9,9 @@ import math
 from .config import Recipe, override
 from .recipes import get_recipe
 from .clusters import profile
-from .plan import communication_bytes, layer_parameters
-from .steptime import ANCHORS, ANCHOR_PROFILES, FITS, Anchor, Calibration, StepTime, step_time
+from .models.parameters import layer_parameters
+from .engines.base import Calibration
+from .steptime import ANCHORS, ANCHOR_PROFILES, FITS, Anchor, StepTime, communication_bytes, step_time
 
 # %% auto #0
 __all__ = ['anchor_recipe', 'anchor_step', 'calibration', 'fit_achievable']

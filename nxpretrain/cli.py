@@ -58,7 +58,7 @@ def _print_json(obj): print(json.dumps(obj, indent=1, default=str))
 
 def _recipes(a):
     from nxpretrain.recipes import CATALOG, ALIASES
-    from nxpretrain.plan import model_parameters
+    from nxpretrain.models.parameters import model_parameters
     from nxpretrain.config import world_size
     rows = [dict(name=name, parameters=model_parameters(r.model), nodes=r.cluster.nodes, profile=r.cluster.profile,
                  devices=world_size(r), aliases=[k for k, v in ALIASES.items() if v == name], source=r.source)

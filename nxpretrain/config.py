@@ -111,7 +111,7 @@ class Recipe:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    engine: str = 'native'               # what runs the job: native, nxdt, megatron (nxpretrain.launch.engine)
+    engine: str = 'native'               # what runs the job: native, nxdt, megatron (nxpretrain.engines.base)
     source: str = ''                     # where the numbers come from (seed tutorial, script)
     notes: str = ''
 

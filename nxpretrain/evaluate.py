@@ -13,22 +13,17 @@ __all__ = ['load_model', 'perplexity', 'trainer_validation', 'evaluation_table',
 
 # %% ../nbs/api/61_evaluate.ipynb #0046c7d8
 def load_model(checkpoint, recipe: Recipe | None = None):
-    """(model in eval mode, recipe) from a checkpoint folder: nxpretrain's (`checkpoints/step_<N>`, read sharded) or
-    another engine's (Megatron-LM's `iter_NNNNNNN`, read a tensor at a time through its engine)."""
+    """(model in eval mode, recipe) from a checkpoint folder, read a tensor at a time by the engine that wrote it
+    (nxpretrain's `checkpoints/step_<N>`, Megatron-LM's `iter_NNNNNNN`)."""
     from nxpretrain.models.registry import build_model
     from nxpretrain.models.args import padded_vocab
-    from nxpretrain.launch.engine import engine_for_checkpoint
-    engine = engine_for_checkpoint(checkpoint)
-    if engine.name == 'native':
-        from nxpretrain.train.checkpoint import load_weights
-        from nxpretrain.train.hf import checkpoint_recipe
-        r = recipe or checkpoint_recipe(checkpoint)
-        model = build_model(r.model, padded_vocab(r.model, r.parallel.tp))
-        load_weights(model, checkpoint)
-        return model.eval(), r
-    r, names, take = engine.read_checkpoint(checkpoint, recipe)
+    from nxpretrain.engines.base import engine_for_checkpoint
+    r, names, take = engine_for_checkpoint(checkpoint).read_checkpoint(checkpoint, recipe)
     model = build_model(r.model, padded_vocab(r.model, r.parallel.tp))
-    model.load_state_dict({name: take(name) for name in names})
+    state = {name: take(name) for name in names}
+    # a tied weight saved once under the name it shares (`tied_names`): the same tensor under both names
+    state.update({name: state[shared] for name, shared in model.tied_names.items() if name not in state})
+    model.load_state_dict(state)
     return model.eval(), r
 
 # %% ../nbs/api/61_evaluate.ipynb #78ac00fc
@@ -57,7 +52,7 @@ def trainer_validation(checkpoint) -> dict | None:
     "{'step', 'loss', 'perplexity', 'batches'} the trainer logged at the checkpoint's step, or None."
     import re
     from nxpretrain.train.checkpoint import checkpoint_step
-    from nxpretrain.train.hf import checkpoint_recipe
+    from nxpretrain.train.checkpoint import checkpoint_recipe
     step, log = checkpoint_step(checkpoint), Path(checkpoint).parent.parent / 'train.log'
     if step is None or not log.exists(): return None        # another engine's checkpoint, or no log beside it
     found = re.findall(rf'step {step} \| validation loss ([\d.]+) \| perplexity ([\d.]+)', log.read_text())

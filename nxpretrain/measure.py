@@ -11,6 +11,7 @@ from .config import Recipe, to_yaml, from_yaml, world_size
 from .errors import RecipeError
 from .recipes import get_recipe
 from .validate import problems
+from .engines.base import DEFAULT_ENGINE
 
 # %% auto #0
 __all__ = ['MALLOC_ENV', 'rss_bytes', 'peak_rss_bytes', 'reset_peak_rss', 'measure_step', 'measure', 'compare']
@@ -63,7 +64,7 @@ MALLOC_ENV = {'MALLOC_MMAP_THRESHOLD_': '131072'}
 def measure(r: Recipe | str, timeout: float = 900, allocator_env: dict | None = MALLOC_ENV) -> list[dict]:
     "Each rank's `measure_step` result for recipe `r`, run on its whole world on this machine."
     r = get_recipe(r) if isinstance(r, str) else r
-    r = dataclasses.replace(r, engine='native')   # what is measured is nxpretrain's engine
+    r = dataclasses.replace(r, engine=DEFAULT_ENGINE)   # what is measured is nxpretrain's own engine
     if errs := problems(r): raise RecipeError(f"{r.name} cannot be measured: {errs[0]}")
     env = {**os.environ, **(allocator_env or {})}
     with tempfile.TemporaryDirectory() as tmp:

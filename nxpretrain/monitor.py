@@ -130,8 +130,8 @@ def progress(run_dir, max_steps: int | None = None, log: str = '', recipe=None) 
     `step N/M`, else `max_steps`. The job of a `recipe` that another engine runs: from its `log`, read by that
     engine."""
     import re
-    from nxpretrain.launch.engine import engine_of
-    if recipe is not None and (engine := engine_of(recipe)).name != 'native':
+    from nxpretrain.engines.base import engine_of
+    if recipe is not None and not (engine := engine_of(recipe)).writes_run_folder:
         return _framework_progress(engine, log, recipe, max_steps or recipe.trainer.max_steps)
     st = steps(run_dir) if run_dir else None
     out = dict(step=0, max_steps=max_steps, loss=float('nan'), lr=float('nan'), tokens_per_s=float('nan'), eta_s=None)
@@ -216,9 +216,9 @@ def show_job(job_id, run_dir=None, max_steps: int | None = None, tail: int = 20,
 def _job_view(job_id, run_dir, max_steps, tail, nodes=True, recipe=None):
     "(status, [status table, log tail, node table, curves]) of `job_id` now (`recipe`'s engine reads its files)."
     import matplotlib.pyplot as plt
-    from nxpretrain.launch.engine import get_engine, engine_of
+    from nxpretrain.engines.base import DEFAULT_ENGINE, get_engine, engine_of
     s = job_status(job_id, run_dir)
-    fig, engine = None, engine_of(recipe) if recipe is not None else get_engine('native')
+    fig, engine = None, engine_of(recipe) if recipe is not None else get_engine(DEFAULT_ENGINE)
     if run_dir and [*Path(run_dir).glob('events.out.tfevents.*'), *Path(run_dir).glob('tb/events.out.tfevents.*')]:
         fig = plot_run(run_dir, tags=engine.tb_tags)
         plt.close(fig)              # shown through its display id, not again at the cell's end

@@ -9,48 +9,18 @@ import math
 from dataclasses import dataclass, field
 from .config import Recipe, data_parallel_size, world_size
 from .models.args import ModelConfig, padded_vocab
+from .models.parameters import layer_parameters, model_parameters
 from .validate import problems
 from .recipes import get_recipe
-from .parallel.kernels import attention_kernel, loss_chunk_tokens, dense_attention_blocks
 from .clusters import profile
-import dataclasses
 from .models.registry import family
-from .steptime import FITS, device_of, step_time, published, sp_block_transfers
+from .engines.base import GiB, Memory, engine_of
+from .steptime import FITS, communication_bytes, engine_step_time, step_time, published
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['GiB', 'layer_parameters', 'embedding_parameters', 'model_parameters', 'flops_per_token', 'Memory',
-           'rank_parameters', 'memory_per_device', 'engine_memory', 'in_flight', 'checkpoint_bytes_per_parameter',
-           'checkpoint_bytes', 'checkpoint_write_seconds', 'communication_bytes', 'Plan', 'published_steps', 'plan',
-           'layout_options']
-
-# %% ../nbs/api/02_plan.ipynb #9a297a17
-_COUNTS: dict = {}   # (config with one layer, vocab) → counts: a meta build takes milliseconds, a plan asks often
-
-def _block_and_rest(m: ModelConfig, vocab: int) -> tuple[int, int]:
-    "(parameters of one block, parameters outside the blocks) of `m` with vocabulary `vocab`, counted on `meta`."
-    import torch
-    from nxpretrain.models.registry import build_model
-    from nxpretrain.models.blocks import count_parameters as count
-    one = dataclasses.replace(m, n_layers=1)
-    key = (repr(one), vocab)
-    if key not in _COUNTS:
-        with torch.device('meta'): model = build_model(one, vocab)
-        block = count(model.layers['0'])
-        _COUNTS[key] = (block, count(model) - block)
-    return _COUNTS[key]
-
-def layer_parameters(m: ModelConfig) -> int:
-    "Parameters of one transformer block."
-    return _block_and_rest(m, m.vocab_size)[0]
-
-def embedding_parameters(m: ModelConfig, vocab: int | None = None) -> int:
-    "Everything outside the blocks: embeddings (token, position, type), final norm, untied output, task heads."
-    return _block_and_rest(m, vocab or m.vocab_size)[1]
-
-def model_parameters(m: ModelConfig, vocab: int | None = None) -> int:
-    "Total parameters of the model described by `m` (tied weights counted once)."
-    return m.n_layers * layer_parameters(m) + embedding_parameters(m, vocab)
+__all__ = ['flops_per_token', 'memory_per_device', 'checkpoint_bytes_per_parameter', 'checkpoint_bytes',
+           'checkpoint_write_seconds', 'Plan', 'published_steps', 'plan', 'layout_options']
 
 # %% ../nbs/api/02_plan.ipynb #42d86a03
 def flops_per_token(m: ModelConfig, vocab: int | None = None, causal: bool | None = None) -> float:
@@ -62,186 +32,13 @@ def flops_per_token(m: ModelConfig, vocab: int | None = None, causal: bool | Non
     return 6 * dense + attn
 
 # %% ../nbs/api/02_plan.ipynb #22a6d9d5
-GiB = 2**30
-
-@dataclass
-class Memory:
-    weights: float
-    grads: float
-    optimizer: float
-    activations: float
-    buffers: float = 0.0   # the pipeline's receive buffers
-    @property
-    def total(self): return self.weights + self.grads + self.optimizer + self.activations + self.buffers
-
-
-
-# %% ../nbs/api/02_plan.ipynb #661fc30b
-def _kv_extra(r: Recipe) -> float:
-    "Weights kv replication adds to a block (K and V widened `kv_replicator` times)."
-    m, k = r.model, r.parallel.kv_replicator
-    return 2 * (k - 1) * m.kv_heads * m.head_dim * m.hidden
-
-def rank_parameters(r: Recipe) -> list[float]:
-    "Parameters of one TP rank of each pipeline rank (0 … PP−1) in nxpretrain's engine."
-    from nxpretrain.parallel.pipeline import pipeline_stages
-    m, p = r.model, r.parallel
-    V, tp = padded_vocab(m, p.tp), p.tp
-    n_stages = p.pp * p.virtual_pp
-    stages = pipeline_stages(m.n_layers, n_stages, p.pp_cuts)
-    block = (layer_parameters(m) + _kv_extra(r)) / tp
-    rest = embedding_parameters(m, V) - V * m.hidden * (1 if m.tie_embeddings else 2)   # positions, norms, heads
-    out = []
-    for rank in range(p.pp):
-        ids = [s for s in range(n_stages) if s % p.pp == rank]
-        n = sum(len(stages[s]) for s in ids) * block
-        if 0 in ids: n += V * m.hidden / tp + rest
-        if n_stages - 1 in ids and (n_stages > 1 or not m.tie_embeddings): n += V * m.hidden / tp
-        out.append(n)
-    return out
-
-# %% ../nbs/api/02_plan.ipynb #232695b5
-def _sbh(r: Recipe) -> float:
-    "Elements of one micro-batch's hidden states on a CP rank (before any TP split)."
-    return r.model.seq_len / r.parallel.cp * r.data.micro_batch * r.model.hidden
-
-def _mask_bytes(r: Recipe) -> int:
-    "Bytes a dropout keeps per element: a fused kernel's bool mask on accelerators, noise in bf16 or fp32 on a CPU."
-    if r.model.dropout == 0: return 0
-    if profile(r.cluster.profile).device_type != 'cpu': return 1
-    return 2 if r.parallel.precision == 'bf16' else 4
-
-def _module_activations(r: Recipe) -> dict:
-    "{'attention': bytes, 'mlp': bytes} that each keeps for backward, per micro-batch, when not recomputed."
-    m, p = r.model, r.parallel
-    fam = family(m.arch)
-    e = 2 if p.precision == 'bf16' else 4
-    sp = p.sequence_parallel and p.tp > 1
-    T = p.tp if sp else 1
-    sbh = _sbh(r)
-    cols = [k.split('.')[0] for k, v in fam.tp_plan.items() if v == 'colwise']
-    # a module's input: under SP its sequence shard (in bf16, gathered again in backward); else autocast's copy of it
-    # per column-parallel linear in bf16, the one fp32 tensor in fp32
-    kept_input = lambda n: e * sbh / T if sp else (n * e if e < 4 else 4) * sbh
-    kv = m.kv_heads * p.kv_replicator / m.n_heads
-    mask = _mask_bytes(r) * sbh / T
-    attention = kept_input(cols.count('attention')) + e * sbh * (2 + 2 * kv) / p.tp + mask   # q, k, v and the output
-    if attention_kernel(r) == 'dense':
-        blocks = dense_attention_blocks(m.seq_len, m.seq_len, causal=fam.causal)
-        kept = sum((b - a) * keys for a, b, keys in blocks)
-        attention += e * r.data.micro_batch * m.n_heads / p.tp * kept   # the probabilities of each query block
-    # attention dropout on a CPU: torch's math kernel keeps the fp32 softmax, the mask and the dropped bf16 scores
-    # (accelerators run a blocked kernel: the output and a log-sum-exp)
-    elif _mask_bytes(r) > 1:
-        attention += 12 * r.data.micro_batch * m.n_heads / p.tp * (m.seq_len / p.cp) ** 2
-    # GELU keeps w1's output and its own; SwiGLU w1's, w3's, SiLU's and their product: 2 per input linear
-    mlp = kept_input(cols.count('mlp')) + e * sbh * m.ffn / m.hidden * 2 * cols.count('mlp') / p.tp + mask
-    return dict(attention=attention, mlp=mlp)
-
-def _recomputed(r: Recipe) -> list[str]:
-    "The block's modules that selective recompute runs again in backward."
-    p = r.parallel
-    return [n for n in ('attention', 'mlp') if p.activation_checkpointing == 'selective' and n in p.checkpoint_modules]
-
-def _block_activations(r: Recipe) -> float:
-    "Bytes one block keeps for backward, per micro-batch, in nxpretrain's engine (see above)."
-    p = r.parallel
-    sp = p.sequence_parallel and p.tp > 1
-    T = p.tp if sp else 1
-    sbh, e = _sbh(r), 2 if p.precision == 'bf16' else 4
-    if p.activation_checkpointing == 'full': return 4 * sbh / T
-    # the two blocks' residual sums (fp32), which the next norm keeps; an RMSNorm also its normalised fp32 input
-    kept = 2 * 4 * sbh / T * family(r.model.arch).norm_keeps
-    for name, full in _module_activations(r).items():   # a recomputed module keeps its input
-        kept += (e * sbh / T if sp else 4 * sbh) if name in _recomputed(r) else full
-    return kept
-
-# %% ../nbs/api/02_plan.ipynb #ef171a10
 def memory_per_device(r: Recipe, dp: int | None = None) -> Memory:
     "Bytes per device for recipe `r` in its layout, as the engine that runs its job keeps them (busiest rank)."
-    from nxpretrain.launch.engine import engine_of
     return engine_of(r).memory(r, dp or max(data_parallel_size(r), 1))
-
-def engine_memory(r: Recipe, dp: int) -> Memory:
-    "Bytes per device of nxpretrain's own engine for `r`: each category at its busiest pipeline rank."
-    p = r.parallel
-    n = max(rank_parameters(r))
-    shard = dp * p.cp if p.fsdp else 1
-    opt = 8 * n / (dp * p.cp if (p.zero1 or p.fsdp) else 1)
-    return Memory(4 * n / shard, 4 * n / shard, opt, _engine_activations(r, dp), _pipeline_buffers(r, dp))
-
-def _micro_batches(r: Recipe, dp: int) -> int:
-    return max(r.data.global_batch // (r.data.micro_batch * dp), 1)
-
-def in_flight(r: Recipe, dp: int | None = None) -> float:
-    "Micro-batches pipeline rank 0 holds activations of at once (interleaving: in units of all its stages)."
-    p, dp = r.parallel, dp or max(data_parallel_size(r), 1)
-    n = min(_micro_batches(r, dp), p.pp)
-    return n * (1 + (p.pp - 1) / (p.pp * p.virtual_pp)) if p.virtual_pp > 1 else n   # interleaving's extra warm-up
-
-# %% ../nbs/api/02_plan.ipynb #a44219d8
-def _engine_activations(r: Recipe, dp: int) -> float:
-    """Peak activation bytes on pipeline rank 0: its blocks × micro-batches in flight, the first stage's inputs, the
-    step's bf16 weight copies and one layer's backward; with one stage, the loss."""
-    from nxpretrain.parallel.pipeline import pipeline_stages
-    m, p, d = r.model, r.parallel, r.data
-    n_stages = p.pp * p.virtual_pp
-    stages = pipeline_stages(m.n_layers, n_stages, p.pp_cuts)
-    layers = sum(len(stages[s]) for s in range(0, n_stages, p.pp))
-    flying = in_flight(r, dp)
-    T = p.tp if p.sequence_parallel and p.tp > 1 else 1
-    chunks = flying * p.virtual_pp if p.pp > 1 else 0   # stage passes in flight: each sent its output on
-    rope = 2 * 4 * m.seq_len / p.cp * m.head_dim if family(m.arch).rope else 0   # a stage's cos and sin tables
-    # the embedding's output (the first block's input) and its dropout mask; the blocks; outputs sent on are shapes
-    kept = min(_micro_batches(r, dp), p.pp) * (4 + _mask_bytes(r)) * _sbh(r) / T
-    kept += layers * _block_activations(r) * flying - chunks * 4 * _sbh(r) / T + max(chunks, 1) * rope
-    recast = p.activation_checkpointing != 'none' and 'casts' in p.checkpoint_modules
-    # the step's bf16 copies of the blocks' weights (none where they are cast per use)
-    casts = 0 if p.precision != 'bf16' or recast else 2 * layers * (layer_parameters(m) + _kv_extra(r)) / p.tp
-    return kept + casts + max(_loss_bytes(r), _backward_bytes(r))
-
-def _loss_bytes(r: Recipe) -> float:
-    """With one stage, the fused loss: a chunk's logits (bf16), their fp32 copy and log-softmax, the gradients of the
-    hidden states and of the head's slice."""
-    m, p = r.model, r.parallel
-    if p.pp > 1: return 0   # pipeline rank 0, the one counted here, holds no loss
-    V, e = padded_vocab(m, p.tp), 2 if p.precision == 'bf16' else 4
-    tokens = m.seq_len / p.cp * r.data.micro_batch
-    chunk = min(tokens, loss_chunk_tokens(r))   # the fused loss holds one chunk's logits at a time
-    return (e + 4 + (4 if e == 2 else 0)) * chunk * V / p.tp + 4 * (tokens + V / p.tp) * m.hidden
-
-def _backward_bytes(r: Recipe) -> float:
-    """What one layer's backward makes on top: under SP its gathered input again and that input's gradient, a
-    recomputed module's activations, and the largest weight's gradient in bf16 and fp32 (and its copy cast again)."""
-    m, p = r.model, r.parallel
-    sp = p.sequence_parallel and p.tp > 1
-    if not sp: return 0   # counted where the trace shows it: without SP every recipe agrees within 10 % without it
-    e = 2 if p.precision == 'bf16' else 4
-    recast = p.activation_checkpointing != 'none' and 'casts' in p.checkpoint_modules
-    module = max((v for k, v in _module_activations(r).items() if k in _recomputed(r)), default=0)
-    weight = max(m.ffn, m.hidden) * m.hidden / p.tp * (6 + (2 if recast else 0))
-    return 2 * e * _sbh(r) + module + weight
-
-# %% ../nbs/api/02_plan.ipynb #b5f3eca7
-def _pipeline_buffers(r: Recipe, dp: int) -> float:
-    """Receive buffers alive at once on the busiest pipeline rank: the inputs of its stage passes in flight that came
-    from another rank, and the gradient it waits for (`nxpretrain.parallel.stage`)."""
-    m, p = r.model, r.parallel
-    if p.pp == 1: return 0.0
-    T = p.tp if p.sequence_parallel and p.tp > 1 else 1
-    one = 4 * r.data.micro_batch * m.seq_len / p.cp / T * m.hidden
-    n = _micro_batches(r, dp)
-    if p.virtual_pp > 1:   # rank 1 (all of its stages receive): (v − 1) rounds and 2·(PP − 2) passes of warm-up
-        per_round = n // max(1, n // p.pp)
-        return one * (min((p.virtual_pp - 1) * per_round + 2 * (p.pp - 2) + 1, n * p.virtual_pp) + 1)
-    if p.pp_schedule == 'gpipe': return one * (n + 1)   # every micro-batch's forward before any backward
-    # 1F1B: rank k ≥ 1 holds PP − k micro-batches' inputs, and every rank but the last a gradient coming back
-    return one * max(min(n, p.pp - k) + (k < p.pp - 1) for k in range(1, p.pp))
 
 # %% ../nbs/api/02_plan.ipynb #9621979a
 def checkpoint_bytes_per_parameter(r: Recipe) -> int:
     "Bytes a checkpoint of `r` holds per parameter, as the engine that trains it writes them."
-    from nxpretrain.launch.engine import engine_of
     return engine_of(r).checkpoint_bytes_per_parameter(r)
 
 def checkpoint_bytes(r: Recipe) -> float:
@@ -252,57 +49,12 @@ def checkpoint_write_seconds(r: Recipe, gbps: float | None = None) -> float:
     "Seconds to write one checkpoint at `gbps` GB/s (default: the recipe's cluster.storage_gbps)."
     return checkpoint_bytes(r) / ((gbps or r.cluster.storage_gbps) * 1e9)
 
-# %% ../nbs/api/02_plan.ipynb #90d32f77
-def communication_bytes(r: Recipe, dp: int | None = None) -> dict:
-    """Payload bytes per step of the busiest rank's collectives in nxpretrain's engine, by mesh dimension (`tp`, `pp`,
-    and `dp`, or `dp_cp` with context parallelism), as `nxpretrain.trace` counts them: an all-reduce's tensor, an
-    all-gather's output, a reduce-scatter's input, a send's or a receive's tensor."""
-    m, p = r.model, r.parallel
-    dp = dp or max(data_parallel_size(r), 1)
-    mb = _micro_batches(r, dp)
-    out = {}
-    if p.tp > 1: out['tp'] = _tp_bytes(r) * mb
-    if p.pp > 1:
-        T = p.tp if p.sequence_parallel and p.tp > 1 else 1
-        one = 4 * r.data.micro_batch * m.seq_len / p.cp / T * m.hidden
-        tied = 4 * padded_vocab(m, p.tp) * m.hidden / p.tp if m.tie_embeddings else 0
-        out['pp'] = one * mb * 2 * min(p.pp - 1, 2) * p.virtual_pp + tied
-    if dp * p.cp > 1:
-        n = max(rank_parameters(r))
-        grads = 4 * n + (4 * n if p.zero1 else 0)          # the gradients' all-reduce, ZeRO-1's broadcast of the update
-        if p.fsdp: grads = 4 * n + 2 * 2 * n * mb            # reduce-scatter once; bf16 all-gathers each micro-batch
-        out['dp_cp' if p.cp > 1 else 'dp'] = grads
-    return out
-
-def _tp_bytes(r: Recipe) -> float:
-    """TP payload bytes of one micro-batch on the busiest pipeline rank. Sequence parallel, per block: attention's and
-    the MLP's input all-gathered in forward and again in backward (or when recomputed), the sum of their linear
-    layers' input gradients reduce-scattered once, the row-parallel outputs reduce-scattered and their gradients
-    all-gathered, all in the compute dtype (`parallel.saved`); without it an fp32 all-reduce of each column-parallel
-    linear's input gradient. The embedding and head add their own."""
-    from nxpretrain.parallel.pipeline import pipeline_stages
-    m, p = r.model, r.parallel
-    e = 2 if p.precision == 'bf16' else 4
-    A = r.data.micro_batch * m.seq_len / p.cp * m.hidden
-    cols = sum(v == 'colwise' for v in family(m.arch).tp_plan.values())
-    rows = sum(v == 'rowwise' for v in family(m.arch).tp_plan.values())
-    block = A * e * sp_block_transfers(r)[0] if p.sequence_parallel else A * (2 * rows * e + 4 * cols)
-    n_stages = p.pp * p.virtual_pp
-    stages = pipeline_stages(m.n_layers, n_stages, p.pp_cuts)
-    embedding = (8 + (0 if family(m.arch).rope else 4)) * A   # learned positions add their gradient's all-gather
-    per_rank = []
-    for rank in range(p.pp):
-        ids = range(rank, n_stages, p.pp)
-        ends = (embedding if 0 in ids else 0) + (8 * A if n_stages - 1 in ids else 0)
-        per_rank.append(sum(len(stages[s]) for s in ids) * block + ends)
-    return max(per_rank)
-
 # %% ../nbs/api/02_plan.ipynb #76cefe6e
 @dataclass(repr=False)
 class Plan:
     "A recipe's plan on its cluster, as the engine that runs its job runs it."
     recipe: Recipe
-    engine: str                  # the framework that runs the job (`nxpretrain.launch.engine`)
+    engine: str                  # the framework that runs the job (`nxpretrain.engines.base`)
     world: int
     dp: int
     parameters: int
@@ -427,19 +179,16 @@ def published_steps(r: Recipe, comm: dict, dp: int) -> list[tuple]:
 
 def plan(r: Recipe | str, world: int | None = None, calibration=None) -> Plan:
     """Plan recipe `r` (a Recipe or catalog name) on its cluster, or on `world` devices, as its engine runs it;
-    `calibration` (a `nxpretrain.steptime.Calibration`) replaces the engine's fraction of peak to ask "what if"."""
-    from nxpretrain.launch.engine import engine_of
+    `calibration` (a `nxpretrain.engines.base.Calibration`) replaces the engine's fraction of peak to ask "what if"."""
     r = get_recipe(r) if isinstance(r, str) else r
     prof, engine = profile(r.cluster.profile), engine_of(r)
     world = world or world_size(r)
     dp = max(data_parallel_size(r, world), 1)
-    mem, comm = memory_per_device(r, dp), communication_bytes(r, dp)
-    cal = calibration or engine.calibration(device_of(prof).kind)
-    st = step_time(r, comm, layer_parameters(r.model), cal, dp=dp, overlapped=engine.overlapped)
+    mem, st = memory_per_device(r, dp), engine_step_time(r, engine, dp, calibration)
     return Plan(r, engine.framework, world, dp, model_parameters(r.model, padded_vocab(r.model, r.parallel.tp)), mem,
                 prof.device_gib, st.total, r.data.global_batch * r.model.seq_len, checkpoint_bytes(r),
                 checkpoint_write_seconds(r), problems(r, world), _advice(r, mem, prof.device_gib), st,
-                published_steps(r, comm, dp))
+                published_steps(r, communication_bytes(r, dp), dp))
 
 # %% ../nbs/api/02_plan.ipynb #9384dc74
 def layout_options(r: Recipe | str, world: int | None = None, top: int = 8) -> list[dict]:

@@ -95,17 +95,16 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         action, reason = 'stop', f"dry run, nothing {'submitted' if action == 'submit' else 'trained'} ({reason})"
     show(plan(r))
     print(f"\n{action}: {reason}")
-    if action == 'local' and r.engine == 'native':
-        from nxpretrain.train.trainer import train
-        return train(r, out_dir=out_dir)
-    from nxpretrain.launch.engine import engine_of
+    from nxpretrain.engines.base import engine_of
     from nxpretrain.launch.launcher import get_launcher
+    engine = engine_of(r)
+    if action == 'local' and engine.in_process: return engine.train(r, out_dir)
     where = (Path(out_dir) / 'jobs' / r.name).absolute()   # the job runs from its own folder
     # the engine's job (a framework that compiles ahead of time: compile first, 03_compile); checks the recipe against
     # the cluster and quotes every value
     on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
     options = {'scheduler': 'local'} if on_this_machine else {}
-    job = engine_of(r).export(r, where, cluster or None, **options)['train']
+    job = engine.export(r, where, cluster or None, **options)['train']
     if on_this_machine:
         from nxpretrain.launch.local import run_local
         done = run_local(job)

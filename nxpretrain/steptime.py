@@ -12,11 +12,14 @@ from .recipes import get_recipe
 from .models.args import padded_vocab
 from .clusters import ClusterProfile, profile
 from .models.registry import family
+from .models.parameters import layer_parameters
+from .parallel.memory import rank_parameters
+from .engines.base import Calibration
 
 # %% auto #0
-__all__ = ['DEVICES', 'PROFILE_DEVICE', 'FITS', 'ANCHOR_PROFILES', 'ANCHORS', 'Device', 'device_of', 'Calibration',
-           'fitted', 'block_flops', 'micro_batches', 'rank_flops', 'sp_block_transfers', 'Link', 'links', 'StepTime',
-           'step_time', 'Anchor', 'published']
+__all__ = ['DEVICES', 'PROFILE_DEVICE', 'FITS', 'ANCHOR_PROFILES', 'ANCHORS', 'Device', 'device_of', 'fitted',
+           'block_flops', 'micro_batches', 'rank_flops', 'sp_block_transfers', 'Link', 'links', 'communication_bytes',
+           'StepTime', 'step_time', 'engine_step_time', 'Anchor', 'published']
 
 # %% ../nbs/api/02b_steptime.ipynb #7aa52687
 @dataclass(frozen=True)
@@ -39,12 +42,6 @@ def device_of(prof: ClusterProfile) -> Device:
     return DEVICES[PROFILE_DEVICE.get(prof.name) or _BACKEND_DEVICE[prof.backend]]
 
 # %% ../nbs/api/02b_steptime.ipynb #cbcd270c
-@dataclass(frozen=True)
-class Calibration:
-    "The fraction of a device's dense bf16 peak a framework reaches on real layers, and where that number comes from."
-    achievable: float
-    basis: str                  # the run it is fitted to, or why it is assumed
-
 FITS: dict[tuple[str, str], Calibration] = {
     ('NxD Training', 'trn1'): Calibration(0.414, 'fit: seed 4 Llama-3 70B on 16 trn1'),
     ('neuronx-nemo-megatron', 'trn1'): Calibration(0.210, 'fit: seed 0 GPT-3 23B on 4 trn1'),
@@ -149,6 +146,51 @@ def links(r: Recipe, prof: ClusterProfile, dp: int, t_mb: float, comm: dict, ove
         out.append(Link(dim, name, gbs, payload, t, exposed))
     return out
 
+# %% ../nbs/api/02b_steptime.ipynb #60a90c17
+def communication_bytes(r: Recipe, dp: int | None = None) -> dict:
+    """Payload bytes per step of the busiest rank's collectives in nxpretrain's engine, by mesh dimension (`tp`, `pp`,
+    and `dp`, or `dp_cp` with context parallelism), as `nxpretrain.trace` counts them: an all-reduce's tensor, an
+    all-gather's output, a reduce-scatter's input, a send's or a receive's tensor."""
+    m, p = r.model, r.parallel
+    dp = dp or max(data_parallel_size(r), 1)
+    mb = micro_batches(r, dp)
+    out = {}
+    if p.tp > 1: out['tp'] = _tp_bytes(r) * mb
+    if p.pp > 1:
+        T = p.tp if p.sequence_parallel and p.tp > 1 else 1
+        one = 4 * r.data.micro_batch * m.seq_len / p.cp / T * m.hidden
+        tied = 4 * padded_vocab(m, p.tp) * m.hidden / p.tp if m.tie_embeddings else 0
+        out['pp'] = one * mb * 2 * min(p.pp - 1, 2) * p.virtual_pp + tied
+    if dp * p.cp > 1:
+        n = max(rank_parameters(r))
+        grads = 4 * n + (4 * n if p.zero1 else 0)          # the gradients' all-reduce, ZeRO-1's broadcast of the update
+        if p.fsdp: grads = 4 * n + 2 * 2 * n * mb            # reduce-scatter once; bf16 all-gathers each micro-batch
+        out['dp_cp' if p.cp > 1 else 'dp'] = grads
+    return out
+
+def _tp_bytes(r: Recipe) -> float:
+    """TP payload bytes of one micro-batch on the busiest pipeline rank. Sequence parallel, per block: attention's and
+    the MLP's input all-gathered in forward and again in backward (or when recomputed), the sum of their linear
+    layers' input gradients reduce-scattered once, the row-parallel outputs reduce-scattered and their gradients
+    all-gathered, all in the compute dtype (`parallel.saved`); without it an fp32 all-reduce of each column-parallel
+    linear's input gradient. The embedding and head add their own."""
+    from nxpretrain.parallel.pipeline import pipeline_stages
+    m, p = r.model, r.parallel
+    e = 2 if p.precision == 'bf16' else 4
+    A = r.data.micro_batch * m.seq_len / p.cp * m.hidden
+    cols = sum(v == 'colwise' for v in family(m.arch).tp_plan.values())
+    rows = sum(v == 'rowwise' for v in family(m.arch).tp_plan.values())
+    block = A * e * sp_block_transfers(r)[0] if p.sequence_parallel else A * (2 * rows * e + 4 * cols)
+    n_stages = p.pp * p.virtual_pp
+    stages = pipeline_stages(m.n_layers, n_stages, p.pp_cuts)
+    embedding = (8 + (0 if family(m.arch).rope else 4)) * A   # learned positions add their gradient's all-gather
+    per_rank = []
+    for rank in range(p.pp):
+        ids = range(rank, n_stages, p.pp)
+        ends = (embedding if 0 in ids else 0) + (8 * A if n_stages - 1 in ids else 0)
+        per_rank.append(sum(len(stages[s]) for s in ids) * block + ends)
+    return max(per_rank)
+
 # %% ../nbs/api/02b_steptime.ipynb #e8ec2569
 @dataclass
 class StepTime:
@@ -197,6 +239,14 @@ def step_time(r: Recipe, comm: dict, layer_params: int, calibration: Calibration
     bubble = (r.parallel.pp - 1) / r.parallel.virtual_pp * compute / mb
     links_ = links(r, prof, dp, compute / mb, comm, overlapped)
     return StepTime(compute, bubble, links_, flops, device_of(prof), calibration, mb)
+
+# %% ../nbs/api/02b_steptime.ipynb #05bd5a16
+def engine_step_time(r: Recipe, engine, dp: int | None = None, calibration: Calibration | None = None) -> StepTime:
+    "The step of `r` at data-parallel `dp` as `engine` (an `nxpretrain.engines.base.Engine`) runs it, explained."
+    prof = profile(r.cluster.profile)
+    dp = dp or max(data_parallel_size(r), 1)
+    cal = calibration or engine.calibration(device_of(prof).kind)
+    return step_time(r, communication_bytes(r, dp), layer_parameters(r.model), cal, dp=dp, overlapped=engine.overlapped)
 
 # %% ../nbs/api/02b_steptime.ipynb #b57fb671
 ANCHOR_PROFILES = {

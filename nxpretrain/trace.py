@@ -33,10 +33,11 @@ def untraceable(r: Recipe) -> str | None:
 
 def trace_note(r: Recipe) -> str | None:
     "What a trace of `r` does not show, or None: a job of another engine is traced as nxpretrain's engine would run it."
-    if r.engine == 'native': return None
-    from nxpretrain.launch.engine import engine_of
-    return (f"{r.name}'s job runs on {engine_of(r).framework} (engine={r.engine}): this traces nxpretrain's engine on "
-            "the same layout (engine=native), not that run")
+    from nxpretrain.engines.base import engine_of
+    engine = engine_of(r)
+    if engine.traced: return None
+    return (f"{r.name}'s job runs on {engine.framework} (engine={r.engine}): this traces nxpretrain's own engine on "
+            "the same layout, not that run")
 
 # %% ../nbs/api/36_trace.ipynb #54422275
 MESH_GROUPS = ('dp_cp', 'pp', 'dp', 'cp', 'tp')   # later names win where two dims share one group
@@ -324,7 +325,8 @@ class Trace:
 # %% ../nbs/api/36_trace.ipynb #e62a4d82
 def planned(r: Recipe) -> dict:
     "The planner's per-device bytes by category, and its collective payload bytes per step by mesh dimension."
-    from nxpretrain.plan import engine_memory, communication_bytes
+    from nxpretrain.parallel.memory import engine_memory
+    from nxpretrain.steptime import communication_bytes
     from nxpretrain.config import data_parallel_size
     m = engine_memory(r, max(data_parallel_size(r), 1))   # the trace runs nxpretrain's engine, whatever runs the job
     out = dict(parameters=m.weights, gradients=m.grads, optimizer=m.optimizer, activations=m.activations,
@@ -541,7 +543,7 @@ def layer_account(r: Recipe | str, rank: int = 0) -> LayerAccount:
 
 def traced_per_layer(t: RankTrace, r: Recipe) -> float:
     "A traced rank's activation peak per layer per micro-batch in flight (its layers and `in_flight` micro-batches)."
-    from nxpretrain.plan import in_flight
+    from nxpretrain.parallel.memory import in_flight
     from nxpretrain.parallel.pipeline import pipeline_stages
     p = r.parallel
     stages = pipeline_stages(r.model.n_layers, p.pp * p.virtual_pp, p.pp_cuts)

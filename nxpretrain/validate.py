@@ -173,7 +173,7 @@ def trainer_problems(recipe: Recipe) -> list[str]:
 # %% ../nbs/api/00b_validate.ipynb #792ea43b
 def engine_problems(recipe: Recipe, world: int) -> list[str]:
     "What the recipe's engine refuses (`Engine.problems`); an unknown engine is one line naming the known ones."
-    from nxpretrain.launch.engine import get_engine
+    from nxpretrain.engines.base import get_engine
     try: return get_engine(recipe.engine).problems(recipe, world)
     except RecipeError as e: return [str(e)]
 

@@ -68,7 +68,8 @@ def test_gated_model_without_or_with_a_wrong_token_is_one_line(tmp_path, hub, mo
 def test_seed4_flow_from_the_local_hub(tmp_path, hub, token, monkeypatch, capfd):
     from transformers import LlamaForCausalLM
     from nxpretrain.data.prepare import prepare
-    from nxpretrain.train.hf import import_hf, export_hf, checkpoint_recipe
+    from nxpretrain.train.hf import import_hf, export_hf
+    from nxpretrain.train.checkpoint import checkpoint_recipe
     from nxpretrain.train.checkpoint import load_weights
     from nxpretrain.models.registry import build_model
     from nxpretrain.models.args import padded_vocab

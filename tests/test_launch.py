@@ -7,7 +7,7 @@ from nxpretrain.recipes import CATALOG
 from nxpretrain.errors import RecipeError
 from nxpretrain.launch.job import make_job, make_array_job
 from nxpretrain.launch.local import run_local
-from nxpretrain.launch.engine import engine_of
+from nxpretrain.engines.base import engine_of
 
 
 @pytest.mark.parametrize('name', sorted(CATALOG))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest, torch
 from nxpretrain.config import to_yaml
 from nxpretrain.errors import CheckpointError, RecipeError
-from nxpretrain.launch.megatron_checkpoint import (LOCAL_NORMS, TE_NORMS, TRACKER, megatron_padded_vocab,
+from nxpretrain.engines.megatron.checkpoint import (LOCAL_NORMS, TE_NORMS, TRACKER, megatron_padded_vocab,
                                                    read_megatron_checkpoint)
 from nxpretrain.models.args import padded_vocab
 from nxpretrain.models.registry import build_model

@@ -10,9 +10,9 @@ import pytest
 from nxpretrain.recipes import get_recipe, load_catalog
 from nxpretrain.config import override
 from nxpretrain.clusters import PROFILES, profile
-from nxpretrain.launch.engine import engine_of
-from nxpretrain.launch.megatron import export_megatron, parse_megatron_line, TRACKER, megatron_checkpoints
-from nxpretrain.launch.megatron_contract import contract_problems, read_flags
+from nxpretrain.engines.base import engine_of
+from nxpretrain.engines.megatron.job import export_megatron, parse_megatron_line, TRACKER, megatron_checkpoints
+from nxpretrain.engines.megatron.contract import contract_problems, read_flags
 from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
 from nxpretrain.launch.launcher import submit, wait, tail, log_path, status, find_records
 from nxpretrain.launch.slurm import SlurmLauncher

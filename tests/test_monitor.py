@@ -143,7 +143,7 @@ def test_an_nxdt_job_is_read_through_its_engine(tmp_path, monkeypatch):
     "An NxDT job's log (`\\r`-separated updates) and event file, read by the monitor and `watch` through its engine."
     import os, subprocess, sys
     from torch.utils.tensorboard import SummaryWriter
-    from nxpretrain.launch.engine import get_engine
+    from nxpretrain.engines.base import get_engine
     from nxpretrain.launch.watch import watch
     from nxpretrain.recipes import get_recipe
     monkeypatch.setenv('NXPRETRAIN_HOME', str(tmp_path))
@@ -193,7 +193,7 @@ def test_a_megatron_job_is_read_through_its_engine(tmp_path, monkeypatch):
     "A Megatron-LM job's log and event file in its exact formats, read by the monitor and `watch` through its engine."
     import os, subprocess, sys
     from torch.utils.tensorboard import SummaryWriter
-    from nxpretrain.launch.engine import get_engine
+    from nxpretrain.engines.base import get_engine
     from nxpretrain.launch.watch import watch
     from nxpretrain.recipes import get_recipe
     monkeypatch.setenv('NXPRETRAIN_HOME', str(tmp_path))

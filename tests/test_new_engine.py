@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE = '''
 import sys
 from pathlib import Path
-from nxpretrain.launch.engine import Engine, register_engine
+from nxpretrain.engines.base import Engine, register_engine
 from nxpretrain.launch.job import Job, job_name
 from nxpretrain.steptime import Calibration
 
@@ -49,7 +49,7 @@ class StubEngine(Engine):
     def calibration(self, device): return Calibration(0.25, 'the stub trainer, measured nowhere')
 
     def memory(self, recipe, dp):
-        from nxpretrain.plan import engine_memory
+        from nxpretrain.parallel.memory import engine_memory
         return engine_memory(recipe, dp)
 '''
 

@@ -5,8 +5,8 @@ plans, trains under TP2 and FSDP equal to one process with its own batch inputs,
 with the same logits."""
 import dataclasses
 import torch, torch.nn as nn, torch.nn.functional as F
-from nxpretrain.families import ModelFamily, register_family
-from nxpretrain.objective import Objective, IGNORE_INDEX
+from nxpretrain.models.families import ModelFamily, register_family
+from nxpretrain.models.objective import Objective, IGNORE_INDEX
 from nxpretrain.models.bert import BERT_HF, bert_block
 from nxpretrain.models.blocks import Attention, SwiGLU, RMSNorm, TransformerBlock, LanguageModel
 from nxpretrain.models.args import padded_vocab

@@ -1,13 +1,13 @@
-"""Our trn1 and trn2 exports against NxD Training's contract (nxpretrain/launch/contracts/nxdt.yaml and its example
-configs, read by nxpretrain.launch.nxdt_contract), loaded through Hydra itself."""
+"""Our trn1 and trn2 exports against NxD Training's contract (nxpretrain/engines/nxdt/contract.yaml and its example
+configs, read by nxpretrain.engines.nxdt.contract), loaded through Hydra itself."""
 import json, os, subprocess
 from pathlib import Path
 import pytest, yaml
 from omegaconf import OmegaConf
-from nxpretrain.launch.nxdt import export_nxdt
-from nxpretrain.launch.nxdt_contract import (NXDT, NXDT_RECIPES, load_struct, contract_problems, missing_example_keys,
+from nxpretrain.engines.nxdt.job import export_nxdt
+from nxpretrain.engines.nxdt.contract import (NXDT, NXDT_RECIPES, load_struct, contract_problems, missing_example_keys,
                                              differences, differences_markdown)
-from nxpretrain.launch.nxdt import catalog_differences
+from nxpretrain.engines.nxdt.job import catalog_differences
 from nxpretrain.recipes import get_recipe
 from nxpretrain.errors import RecipeError
 

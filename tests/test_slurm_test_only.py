@@ -11,7 +11,7 @@ from nxpretrain.launch.job import make_job
 from nxpretrain.launch.slurm import SlurmLauncher
 
 check = SlurmLauncher().check   # sbatch --test-only: when would it start, nothing submitted
-from nxpretrain.launch.engine import engine_of
+from nxpretrain.engines.base import engine_of
 
 REASON = why_no_slurm()
 pytestmark = [pytest.mark.skipif(bool(REASON), reason=f"no local Slurm: {REASON}"), pytest.mark.timeout(300)]

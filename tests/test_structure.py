@@ -23,7 +23,7 @@ def test_no_architecture_branches_outside_models():
     pattern = re.compile(r"\barch\s*(==|!=)")
     hits = [f"{p.relative_to(PKG)}:{i}" for p in SOURCES if 'models' not in p.relative_to(PKG).parts
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
-    assert not hits, f"ask nxpretrain.families.family(arch) instead: {hits}"
+    assert not hits, f"ask nxpretrain.models.families.family(arch) instead: {hits}"
 
 
 def test_the_trainer_does_not_duck_type_the_model():
@@ -83,7 +83,109 @@ def test_no_export_cell_longer_than_60_lines():
 
 
 def test_no_module_name_is_used_twice():
-    "A name says which module it is: no two modules of the package share a file name (`__init__` aside)."
+    """A name says which module it is: no two modules of the package share a file name (`__init__` aside). An engine's
+    package names its modules by their role (`engines/NAME/job.py`, `contract.py`, `checkpoint.py`), as torchtitan's
+    model folders do: the folder says whose they are."""
     from collections import Counter
-    names = Counter(p.name for p in SOURCES if p.name != '__init__.py')
+    in_engine = lambda p: p.relative_to(PKG).parts[0] == 'engines' and len(p.relative_to(PKG).parts) == 3
+    names = Counter(p.name for p in SOURCES if p.name != '__init__.py' and not in_engine(p))
     assert not [n for n, k in names.items() if k > 1], sorted(n for n, k in names.items() if k > 1)
+
+
+# The package's floors, from the ground up: a module imports only from its own floor or below. A module stands on the
+# first floor one of whose names is it or a package above it.
+FLOORS = [
+    ['nxpretrain.errors', 'nxpretrain.checksum', 'nxpretrain.progress', 'nxpretrain.literate',
+     'nxpretrain.engines.base'],
+    ['nxpretrain.models', 'nxpretrain.data'],
+    ['nxpretrain.clusters', 'nxpretrain.config', 'nxpretrain.recipes', 'nxpretrain.validate', 'nxpretrain.lab',
+     'nxpretrain.machine'],
+    ['nxpretrain.parallel'],
+    ['nxpretrain.steptime', 'nxpretrain.calibration', 'nxpretrain.plan', 'nxpretrain.perf'],
+    ['nxpretrain.train', 'nxpretrain.testing'],
+    ['nxpretrain.engines'],
+    ['nxpretrain.launch'],
+    ['nxpretrain.stages', 'nxpretrain.trace', 'nxpretrain.measure', 'nxpretrain.evaluate', 'nxpretrain.runs',
+     'nxpretrain.monitor', 'nxpretrain.cli'],
+]
+# TODO(issue 35, item 3 – engines apart from schedulers): the engines still render their scheduler's header and read
+# logs through the launch package; these arrows go when `Engine.export` returns a job description
+KNOWN_UPWARD = {('nxpretrain.engines.native.job', 'nxpretrain.launch.job'),
+                ('nxpretrain.engines.native.job', 'nxpretrain.launch.slurm'),
+                ('nxpretrain.engines.native.job', 'nxpretrain.launch.watch'),
+                ('nxpretrain.engines.nxdt.job', 'nxpretrain.launch.job'),
+                ('nxpretrain.engines.nxdt.job', 'nxpretrain.launch.slurm'),
+                ('nxpretrain.engines.nxdt.job', 'nxpretrain.launch.watch'),
+                ('nxpretrain.engines.megatron.job', 'nxpretrain.launch.job'),
+                ('nxpretrain.engines.megatron.job', 'nxpretrain.launch.slurm')}
+
+
+def floor_of(module: str) -> int:
+    "The floor `module` stands on: the first floor naming it, or a package above it."
+    for i, names in enumerate(FLOORS):
+        if any(module == n or module.startswith(n + '.') for n in names): return i
+    return 0 if module == 'nxpretrain' else -1
+
+
+def test_every_module_stands_on_a_floor():
+    from test_imports import MODULES
+    assert not [m for m in MODULES if floor_of(m) < 0], [m for m in MODULES if floor_of(m) < 0]
+
+
+def test_no_import_runs_upward_and_none_in_a_circle():
+    "errors → models, data → recipes → parallel → plan → train → engines → launch → stages, CLI, monitor."
+    from test_imports import cycles, graph
+    g = graph()
+    up = sorted((a, b) for a, deps in g.items() for b in deps if floor_of(b) > floor_of(a))
+    assert [e for e in up if e not in KNOWN_UPWARD] == [], [e for e in up if e not in KNOWN_UPWARD]
+    assert [e for e in KNOWN_UPWARD if e not in up] == [], 'an arrow of KNOWN_UPWARD is gone: take it off the list'
+    assert not cycles(g)
+
+
+def test_the_engine_interface_imports_only_the_errors():
+    from test_imports import graph
+    assert graph()['nxpretrain.engines.base'] <= {'nxpretrain.errors'}
+
+
+ENGINE_NAMES = {'native', 'nxdt', 'megatron'}
+# a field's default names the engine a recipe (or a job written before engines were recorded) runs on
+ENGINE_NAME_DEFAULTS = {('config.py', 'engine'), ('launch/job.py', 'engine')}
+
+
+def test_no_engine_is_named_outside_the_engines():
+    """The stages, the plan, the monitor and the launchers ask the engine (`nxpretrain.engines.base.Engine`), never its
+    name: an engine name as a string outside `nxpretrain/engines/` (a field's default aside), or `engine=NAME` in a
+    message."""
+    hits = []
+    for path in SOURCES:
+        rel = path.relative_to(PKG)
+        if rel.parts[0] == 'engines': continue
+        tree = ast.parse(path.read_text())
+        defaults = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.AnnAssign) and n.value is not None
+                    and (rel.as_posix(), getattr(n.target, 'id', '')) in ENGINE_NAME_DEFAULTS}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in defaults: continue
+            if node.value in ENGINE_NAMES or re.search(r'\bengine=(native|nxdt|megatron)\b', node.value):
+                hits.append(f"{rel}:{node.lineno} {node.value[:60]!r}")
+    assert not hits, hits
+
+
+SLURM_COMMANDS = {'squeue', 'sbatch', 'srun', 'sinfo', 'scancel', 'scontrol', 'sacct'}
+SLURM_LAUNCHER = {'launch/slurm.py', 'launch/slurmcheck.py'}
+# TODO(issue 35, item 3): the node view (squeue, srun --overlap) moves behind the Slurm launcher (i33jobs), and the
+# machine report's sinfo probe after it
+KNOWN_SLURM_CALLERS = {'launch/nodes.py', 'machine.py'}
+
+
+def test_only_the_slurm_launcher_runs_slurm_commands():
+    "A Slurm command (`squeue`, `sbatch`, …) as the argv a call is handed: only in the Slurm launcher's modules."
+    callers = set()
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not node.args: continue
+            argv = node.args[0]
+            if isinstance(argv, (ast.List, ast.Tuple)) and argv.elts and isinstance(argv.elts[0], ast.Constant) \
+                    and argv.elts[0].value in SLURM_COMMANDS:
+                callers.add(path.relative_to(PKG).as_posix())
+    assert callers - SLURM_LAUNCHER - KNOWN_SLURM_CALLERS == set(), callers - SLURM_LAUNCHER - KNOWN_SLURM_CALLERS
+    assert KNOWN_SLURM_CALLERS <= callers, 'a known caller runs no Slurm command now: take it off the list'

@@ -6,7 +6,7 @@ NXP_SLOW=1 traces every recipe whose runs go through the engine (GPU, trn2 and C
 import os, pytest
 from nxpretrain.recipes import CATALOG, get_recipe
 from nxpretrain.config import world_size
-from nxpretrain.launch.engine import get_engine
+from nxpretrain.engines.base import get_engine
 from nxpretrain.trace import trace, default_ranks
 
 MiB = 2**20

@@ -50,7 +50,8 @@ def test_zero1_lamb_resumes_bit_for_bit(tmp_path, single):
 
 def test_checkpoint_exports_to_transformers(tmp_path, single):
     from transformers import BertForPreTraining
-    from nxpretrain.train.hf import export_hf, checkpoint_recipe
+    from nxpretrain.train.hf import export_hf
+    from nxpretrain.train.checkpoint import checkpoint_recipe
     from nxpretrain.models.registry import build_model
     from nxpretrain.train.checkpoint import load_weights
     from nxpretrain.models.args import padded_vocab

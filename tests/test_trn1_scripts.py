@@ -4,7 +4,7 @@ seed 0 (neuronx-nemo-megatron GPT-3) and seed 3 (aws-neuron-samples run_dp_bert_
 import os, re, subprocess
 from pathlib import Path
 import pytest, yaml
-from nxpretrain.launch.nxdt import export_nxdt
+from nxpretrain.engines.nxdt.job import export_nxdt
 from nxpretrain.config import from_yaml
 
 NXDT = 'aws-neuron/neuronx-distributed-training@9169aa0 examples/'
@@ -154,7 +154,7 @@ SEED3_TORCHRUN = [
 
 @pytest.fixture(scope='module')
 def bert(tmp_path_factory):
-    from nxpretrain.launch.engine import get_engine
+    from nxpretrain.engines.base import get_engine
     from nxpretrain.recipes import get_recipe
     d = tmp_path_factory.mktemp('bert')
     return d, get_engine('native').export(get_recipe('bert_large'), d / 'run', cache_url=str(d / 'cache'))
@@ -250,7 +250,7 @@ def test_train_sh_removes_checkpoints_nxd_never_finished(run):
     """NxDT resumes from the newest *.ckpt folder by time, `done` or not (NxDT utils/exp_manager.py:370-385, NxD
     trainer/checkpoint.py:190-195 writes `done` last): before a training run node 0 removes the unfinished ones, says
     so in one line, and the engine counts and requeues on whole ones only."""
-    from nxpretrain.launch.engine import get_engine
+    from nxpretrain.engines.base import get_engine
     from nxpretrain.recipes import get_recipe
     d, jobs, cfg = run
     engine, log_dir = get_engine('nxdt'), Path(cfg['exp_manager']['explicit_log_dir'])

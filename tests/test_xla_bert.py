@@ -129,7 +129,8 @@ def check_checkpoint(ck: Path, native: Path, tmp_path: Path):
     from nxpretrain.evaluate import perplexity
     from nxpretrain.plan import checkpoint_bytes
     from nxpretrain.train.checkpoint import latest_checkpoint, safe_reader
-    from nxpretrain.train.hf import checkpoint_recipe, export_hf
+    from nxpretrain.train.hf import export_hf
+    from nxpretrain.train.checkpoint import checkpoint_recipe
     from safetensors.torch import load_file
     assert latest_checkpoint(ck.parent) == ck
     names = lambda d: sorted(safe_reader(d).read_metadata().state_dict_metadata)

@@ -1,4 +1,4 @@
-"""Regenerate the `flags` section of nxpretrain/launch/contracts/megatron.yaml from a Megatron-LM checkout: for every
+"""Regenerate the `flags` section of nxpretrain/engines/megatron/contract.yaml from a Megatron-LM checkout: for every
 flag our export may write, its argparse facts at that commit (type, default, choices, nargs, action) and its line in
 megatron/training/arguments.py. The other sections (checks, log, checkpoint, signals) are written by hand from the same
 source, each with its line; this script keeps them as they are.
@@ -10,7 +10,7 @@ import ast, sys
 from pathlib import Path
 import yaml
 
-CONTRACT = Path(__file__).resolve().parents[1] / 'nxpretrain/launch/contracts/megatron.yaml'
+CONTRACT = Path(__file__).resolve().parents[1] / 'nxpretrain/engines/megatron/contract.yaml'
 FLAGS = """num-layers hidden-size ffn-hidden-size num-attention-heads seq-length max-position-embeddings
 attention-backend position-embedding-type init-method-std hidden-dropout attention-dropout norm-epsilon
 untie-embeddings-and-output-weights make-vocab-size-divisible-by transformer-impl

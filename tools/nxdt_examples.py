@@ -1,5 +1,5 @@
 """Write NxD Training's example configs as data files of nxpretrain's NxDT contract: one YAML file per example that
-`nxpretrain/launch/contracts/nxdt.yaml` names (`example_for`), with its flat dotted keys as Hydra reads them, the line
+`nxpretrain/engines/nxdt/contract.yaml` names (`example_for`), with its flat dotted keys as Hydra reads them, the line
 of each key, and the repository, commit and path it was read from.
 
 Usage: python tools/nxdt_examples.py GIT_DIR_OF_NXDT [COMMIT]   (COMMIT defaults to the contract's `commit`)
@@ -11,14 +11,14 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-CONTRACTS = Path(__file__).resolve().parents[1] / 'nxpretrain' / 'launch' / 'contracts'
+CONTRACTS = Path(__file__).resolve().parents[1] / 'nxpretrain' / 'engines' / 'nxdt'
 HEADER = ("# NxD Training's example config, flattened to dotted keys as Hydra reads it (`${...}` kept as text),\n"
           "# with the line of each key in its file (`path` at `commit` of `repo`). Written by tools/nxdt_examples.py\n"
           "# from a checkout: regenerate it, do not edit it.\n")
 
 
 def flat(d: dict, prefix: str = '') -> dict:
-    "`{dotted key: leaf}` of nested dict `d` (an empty dict is a leaf), as nxpretrain.launch.nxdt_contract.flat."
+    "`{dotted key: leaf}` of nested dict `d` (an empty dict is a leaf), as nxpretrain.engines.nxdt.contract.flat."
     out = {}
     for k, v in d.items():
         if isinstance(v, dict) and v: out.update(flat(v, f"{prefix}{k}."))
@@ -49,11 +49,11 @@ def example_file(git_dir: str, commit: str, name: str, repo: str) -> str:
 
 
 def main(git_dir: str, commit: str = ''):
-    contract = yaml.safe_load((CONTRACTS / 'nxdt.yaml').read_text())
+    contract = yaml.safe_load((CONTRACTS / 'contract.yaml').read_text())
     commit = commit or contract['commit']
     full = subprocess.run(['git', '--git-dir', git_dir, 'rev-parse', commit], capture_output=True, text=True,
                           check=True).stdout.strip()
-    out = CONTRACTS / 'nxdt'
+    out = CONTRACTS / 'examples'
     out.mkdir(exist_ok=True)
     for name in sorted(set(contract['example_for'].values())):
         (out / f"{name}.yaml").write_text(example_file(git_dir, full, name, contract['repo']))

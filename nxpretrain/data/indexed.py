@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 from fastcore.basics import patch
 from ..errors import DataError
+from ..checksum import file_crc32c
 
 # %% auto #0
-__all__ = ['MAGIC', 'DTYPES', 'HEADER_BYTES', 'SIDECAR', 'dtype_code', 'token_dtype', 'write_idx', 'file_crc32c',
-           'write_checksums', 'IndexedDataset', 'IndexedWriter', 'merge_datasets', 'check_tokens']
+__all__ = ['MAGIC', 'DTYPES', 'HEADER_BYTES', 'SIDECAR', 'dtype_code', 'token_dtype', 'write_idx', 'write_checksums',
+           'IndexedDataset', 'IndexedWriter', 'merge_datasets', 'check_tokens']
 
 # %% ../../nbs/api/11_indexed.ipynb #a407cbff
 MAGIC = b'MMIDIDX\x00\x00'
@@ -49,13 +50,6 @@ def write_idx(path: str | Path, lengths, document_index, dtype) -> int:
 
 # %% ../../nbs/api/11_indexed.ipynb #690adf46
 SIDECAR = '.crc32c.json'
-
-def file_crc32c(path, block: int = 8 << 20) -> int:
-    "CRC-32C of a file's bytes (about 10 GB/s with the CPU's CRC instruction)."
-    crc = 0
-    with open(path, 'rb') as f:
-        while chunk := f.read(block): crc = crc32c.crc32c(chunk, crc)
-    return crc
 
 def write_checksums(prefix: str, bin_crc: int, idx_crc: int) -> None:
     "Record size and CRC-32C of `<prefix>.bin/.idx` in the sidecar, atomically."

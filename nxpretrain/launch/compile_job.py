@@ -16,7 +16,7 @@ from ..validate import problems
 from .job import Job, make_job, resolve_cluster
 from .launcher import get_launcher
 from .local import run_local
-from .nxdt import parse_compile_log
+from ..engines.nxdt.job import parse_compile_log
 from .watch import ProgressReader
 from ..parallel.compile import compile_cache_dir
 
@@ -90,19 +90,17 @@ def _refusal(rep: CompileReport, r: Recipe, world: int) -> str:
 def _stage_job(rep: CompileReport, r: Recipe, prof, out_dir: Path, steps: int, entry: str) -> Job:
     """The job this stage runs for `r`: its engine's compile job where the framework compiles ahead of time, a short
     dry run of our engine otherwise; a framework without either has its written job checked against its contract."""
-    from nxpretrain.launch.engine import engine_of
+    from nxpretrain.engines.base import engine_of
     engine = engine_of(r)
-    if engine.name != 'native' or prof.backend == 'xla':
-        jobs = engine.export(r, out_dir, cache_url=rep.cache_env.get('NEURON_COMPILE_CACHE_URL', ''))
-        if 'compile' in jobs:
-            rep.mode = 'compile'
-            return jobs['compile']
-        rep.mode, rep.problems = 'contract', engine.check(jobs)
-        return jobs['train']
-    short = [f"trainer.max_steps={steps}", f"optim.warmup_steps={min(r.optim.warmup_steps, steps)}",
-             'trainer.save_every=0', 'trainer.save_every_minutes=0', 'trainer.eval_every=0', 'trainer.resume=false',
-             "trainer.log_every=1"]
-    return make_job(r, None, out_dir, overrides=short, entry=entry, kind='preflight', env=rep.cache_env)
+    # the XLA path (trn1) compiles ahead of time, as every framework on Neuron devices does
+    dry_run = None if prof.backend == 'xla' else engine.preflight_job(r, out_dir, steps, entry, rep.cache_env)
+    if dry_run is not None: return dry_run
+    jobs = engine.export(r, out_dir, cache_url=rep.cache_env.get('NEURON_COMPILE_CACHE_URL', ''))
+    if 'compile' in jobs:
+        rep.mode = 'compile'
+        return jobs['compile']
+    rep.mode, rep.problems = 'contract', engine.check(jobs)
+    return jobs['train']
 
 # %% ../../nbs/api/53_compile_job.ipynb #eb226cfd
 def _run_stage_job(rep: CompileReport, r: Recipe, prof, cluster, wait_s: float, submit_job) -> str:
@@ -159,7 +157,8 @@ def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', ov
         show(rep)
         return rep
     # a framework's compile reads the Neuron cache beside its job; inductor's is the recipe's, as the training job's
-    neuron = prof.backend in ('xla', 'neuron') and r.engine != 'native'
+    from nxpretrain.engines.base import engine_of
+    neuron = prof.backend in ('xla', 'neuron') and engine_of(r).own_neuron_cache
     cache = Path(cache_dir or (out_dir / 'compile-cache' if neuron or prof.backend == 'xla' else compile_cache_dir(r)))
     rep.cache_env = cache_env(cache, prof.backend)
     cache.mkdir(parents=True, exist_ok=True)

@@ -103,7 +103,7 @@ class Job:
     log: str = ''                  # where the output goes (a pattern of the scheduler, e.g. %x-%j.out)
     script_suffix: str = 'sh'
     dependency: str = ''           # e.g. afterok:12, once submitted after other jobs
-    engine: str = 'native'         # the framework it runs (`nxpretrain.launch.engine`): how its log and checkpoints
+    engine: str = 'native'         # the framework it runs (`nxpretrain.engines.base`): how its log and checkpoints
                                    # are read
 
     @property

@@ -120,11 +120,11 @@ def describe(p: dict) -> str:
 # %% ../../nbs/api/51_watch.ipynb #5f5b1ad0
 def progress_parser(job, engine: str | None = None):
     "The `parse_progress` of `engine`, else of the engine job id `job` was recorded with, else nxpretrain's own."
-    from nxpretrain.launch.engine import get_engine
+    from nxpretrain.engines.base import DEFAULT_ENGINE, get_engine
     from nxpretrain.launch.launcher import find_records
     if engine is None:
         rec = find_records(job)[:1] if not (isinstance(job, Path) or os.sep in str(job)) else []
-        engine = rec[0].get('engine', 'native') if rec else 'native'
+        engine = rec[0].get('engine', DEFAULT_ENGINE) if rec else DEFAULT_ENGINE
     return get_engine(engine).parse_progress
 
 def run_progress(row: dict, max_steps: int | None) -> dict:

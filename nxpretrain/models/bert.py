@@ -11,8 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from .args import ModelConfig, padded_vocab
 from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
-from ..families import HFAdapter, ModelFamily, register_family
-from ..objective import Objective, IGNORE_INDEX
+from .families import HFAdapter, ModelFamily, register_family
+from .objective import Objective, IGNORE_INDEX
 
 # %% auto #0
 __all__ = ['BERT_HF', 'MLM_NSP', 'BERT_FAMILY', 'bert_block', 'Bert', 'bert_to_hf_config', 'bert_from_hf_config',

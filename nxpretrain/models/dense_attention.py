@@ -9,10 +9,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from .blocks import SDPA
-from ..parallel.kernels import dense_attention_blocks
 
 # %% auto #0
-__all__ = ['causal_bias', 'DenseAttentionFunction', 'dense_attention', 'DenseAttention', 'use_dense_attention']
+__all__ = ['DENSE_ATTENTION_QUERY_BLOCK', 'dense_attention_blocks', 'causal_bias', 'DenseAttentionFunction',
+           'dense_attention', 'DenseAttention', 'use_dense_attention']
+
+# %% ../../nbs/api/21b_dense_attention.ipynb #9feb6ddb
+DENSE_ATTENTION_QUERY_BLOCK = 128   # queries per block: a causal block sees only the keys up to its last query
+
+def dense_attention_blocks(S: int, K: int, causal: bool) -> list[tuple[int, int, int]]:
+    """(first query, end query, keys it sees) of each block of the dense attention core; S queries are the last of K
+    keys."""
+    if not causal: return [(0, S, K)]
+    step = DENSE_ATTENTION_QUERY_BLOCK
+    return [(a, min(a + step, S), K - S + min(a + step, S)) for a in range(0, S, step)]
 
 # %% ../../nbs/api/21b_dense_attention.ipynb #476e8231
 def causal_bias(S: int, K: int, dtype, device) -> torch.Tensor:

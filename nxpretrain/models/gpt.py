@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 from .args import ModelConfig, padded_vocab
 from .blocks import Attention, GeluMLP, TransformerBlock, LanguageModel, count_parameters
-from ..families import HFAdapter, ModelFamily, register_family
+from .families import HFAdapter, ModelFamily, register_family
 from ..errors import RecipeError
 
 # %% auto #0
@@ -140,9 +140,6 @@ GPT_FAMILY = register_family(
         },
         rope=False,
         hf=GPT_HF,
-        nxdt_source='megatron',
-        nxdt_example='megatron_gpt_config',
-        megatron_script='pretrain_gpt.py',
         tiny=('gpt3_tiny', ()),
     )
 )

@@ -10,7 +10,7 @@ import torch.nn as nn
 from .args import ModelConfig, padded_vocab
 from .blocks import (Attention, SwiGLU, RMSNorm, TransformerBlock, LanguageModel, rope_inv_freq,
                                       rope_cos_sin, count_parameters)
-from ..families import HFAdapter, ModelFamily, register_family
+from .families import HFAdapter, ModelFamily, register_family
 from ..errors import RecipeError
 
 # %% auto #0
@@ -99,5 +99,5 @@ LLAMA_FAMILY = register_family(ModelFamily(
     name='llama', model=Llama,
     tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
              'mlp.w1': 'colwise', 'mlp.w3': 'colwise', 'mlp.w2': 'rowwise'},
-    rope=True, norm_keeps=2, hf=LLAMA_HF, nxdt_source='hf', nxdt_example='hf_llama3_70B_config',
+    rope=True, norm_keeps=2, hf=LLAMA_HF,
     tiny=('llama3_tiny', ('model.ffn_hidden=64', 'model.n_kv_heads=2'))))

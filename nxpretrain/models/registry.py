@@ -6,7 +6,7 @@ Llama, BERT or a registered one."""
 # %% ../../nbs/api/20_models.ipynb #1ef7aae7
 from __future__ import annotations
 from ..errors import RecipeError
-from ..families import FAMILIES, ModelFamily
+from .families import FAMILIES, ModelFamily
 from .args import ModelConfig, padded_vocab
 
 # %% auto #0

@@ -10,19 +10,10 @@ from ..clusters import profile
 from ..models.registry import family
 
 # %% auto #0
-__all__ = ['DENSE_ATTENTION_MAX_SEQ', 'DENSE_ATTENTION_QUERY_BLOCK', 'FUSED_LOSS_CHUNK', 'dense_attention_blocks',
-           'attention_kernel', 'loss_chunk_tokens']
+__all__ = ['DENSE_ATTENTION_MAX_SEQ', 'FUSED_LOSS_CHUNK', 'attention_kernel', 'loss_chunk_tokens']
 
 # %% ../../nbs/api/34i_kernels.ipynb #c1fc7f68
 DENSE_ATTENTION_MAX_SEQ = 1024   # beyond it the kept probabilities grow large (and flash catches up on CPU)
-DENSE_ATTENTION_QUERY_BLOCK = 128   # queries per block: a causal block sees only the keys up to its last query
-
-def dense_attention_blocks(S: int, K: int, causal: bool) -> list[tuple[int, int, int]]:
-    """(first query, end query, keys it sees) of each block of the dense attention core; S queries are the last of K
-    keys."""
-    if not causal: return [(0, S, K)]
-    step = DENSE_ATTENTION_QUERY_BLOCK
-    return [(a, min(a + step, S), K - S + min(a + step, S)) for a in range(0, S, step)]
 
 # %% ../../nbs/api/34i_kernels.ipynb #dc8ac408
 def attention_kernel(recipe: Recipe, device_type: str | None = None) -> str:

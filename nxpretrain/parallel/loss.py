@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Replicate
-from ..objective import Objective, CAUSAL_LM, IGNORE_INDEX
+from ..models.objective import Objective, CAUSAL_LM, IGNORE_INDEX
 
 # %% auto #0
 __all__ = ['token_loss_sum', 'LossCounts', 'FusedLinearCrossEntropy', 'ChunkedHead', 'lm_loss_sum', 'pretraining_loss',

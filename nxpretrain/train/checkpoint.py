@@ -9,15 +9,17 @@ import contextlib, errno, io, json, os, pickle, shutil, sys, threading, time, wa
 from dataclasses import dataclass, asdict
 from pathlib import Path
 import crc32c
-from ..errors import CheckpointError
-from ..data.indexed import file_crc32c
+from ..errors import CheckpointError, RecipeError
+from ..checksum import file_crc32c
+from ..config import Recipe, from_dict
 from .disk import free_bytes, size_text
 
 # %% auto #0
 __all__ = ['MARKER', 'TRAINER_STATE', 'CHECKSUM', 'step_dir', 'checkpoint_step', 'write_atomic', 'failed_write',
            'save_failed', 'verify_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'safe_reader', 'rank', 'world',
            'quiet_dcp', 'barrier', 'broadcast_object', 'rng_state', 'set_rng_state', 'Checkpointer', 'ChecksummedFile',
-           'shard_writer', 'saved_name', 'saved_state', 'read_saved', 'load_weights', 'TrainState', 'TrainingStateDict']
+           'shard_writer', 'saved_name', 'saved_state', 'read_saved', 'load_weights', 'checkpoint_recipe',
+           'checkpoint_tensors', 'TrainState', 'TrainingStateDict']
 
 # %% ../../nbs/api/41_checkpoint.ipynb #c7ee9ec9
 MARKER = 'COMPLETE'              # written last: its presence means every shard is on disk
@@ -546,6 +548,33 @@ def load_weights(model, path) -> Path:
     read_saved(sd, d, getattr(model, 'tied_names', None))
     set_model_state_dict(model, sd['model'])
     return d
+
+# %% ../../nbs/api/41_checkpoint.ipynb #3e71dd86
+def checkpoint_recipe(checkpoint) -> Recipe:
+    "The recipe a checkpoint was trained (or imported) with."
+    state = Path(checkpoint) / 'trainer_state.json'
+    if not state.exists():
+        verify_checkpoint(checkpoint, deep=False)   # says what is wrong: no folder, or a partial save
+    st = json.loads(state.read_text())
+    if 'recipe' not in st:
+        raise RecipeError(f"{checkpoint}: trainer_state.json has no recipe; pass the recipe explicitly")
+    return from_dict(Recipe, st['recipe'])
+
+def checkpoint_tensors(checkpoint) -> tuple[dict, callable]:
+    """(our key → DCP tensor metadata) of the model weights in a checkpoint, and `take(key)` that reads one of them
+    whole (gathered from every rank's shards) – so a tool can walk a model far larger than memory one tensor at a
+    time."""
+    import torch, torch.distributed.checkpoint as dcp
+    d = Path(checkpoint)
+    verify_checkpoint(d)
+    meta = {k[len('model.') :]: m for k,
+            m in safe_reader(d).read_metadata().state_dict_metadata.items() if k.startswith('model.')}
+    def take(key):
+        m = meta[key]
+        t = torch.empty(tuple(m.size), dtype=m.properties.dtype)
+        with quiet_dcp(): dcp.load({'model': {key: t}}, storage_reader=safe_reader(d), no_dist=True)
+        return t
+    return meta, take
 
 # %% ../../nbs/api/41_checkpoint.ipynb #69c0f4de
 @dataclass

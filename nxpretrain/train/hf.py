@@ -12,8 +12,7 @@ from ..models.args import ModelConfig, padded_vocab
 from ..errors import RecipeError
 
 # %% auto #0
-__all__ = ['open_hf_folder', 'read_hf_folder', 'hf_model_config', 'import_hf', 'checkpoint_recipe',
-           'checkpoint_tensors', 'export_hf', 'write_hf_tokenizer']
+__all__ = ['open_hf_folder', 'read_hf_folder', 'hf_model_config', 'import_hf', 'export_hf', 'write_hf_tokenizer']
 
 # %% ../../nbs/api/45_hf.ipynb #93be9cb1
 def open_hf_folder(path) -> tuple[dict, dict, callable]:
@@ -77,17 +76,6 @@ def import_hf(path, out, recipe: Recipe | None = None):
     return d, cfg
 
 # %% ../../nbs/api/45_hf.ipynb #901ba7ea
-def checkpoint_recipe(checkpoint) -> Recipe:
-    "The recipe a checkpoint was trained (or imported) with."
-    from nxpretrain.train.checkpoint import verify_checkpoint
-    state = Path(checkpoint) / 'trainer_state.json'
-    if not state.exists():
-        verify_checkpoint(checkpoint, deep=False)   # says what is wrong: no folder, or a partial save
-    st = json.loads(state.read_text())
-    if 'recipe' not in st:
-        raise RecipeError(f"{checkpoint}: trainer_state.json has no recipe; pass the recipe explicitly")
-    return from_dict(Recipe, st['recipe'])
-
 def _write_safetensors(tensors, out: Path, max_shard_bytes: int):
     """Write (key, tensor) pairs as HF safetensors shards of at most `max_shard_bytes` (+ index), holding one shard at a
     time."""
@@ -118,30 +106,13 @@ def _write_safetensors(tensors, out: Path, max_shard_bytes: int):
                    indent=1)
     )
 
-def checkpoint_tensors(checkpoint) -> tuple[dict, callable]:
-    """(our key → DCP tensor metadata) of the model weights in a checkpoint, and `take(key)` that reads one of them
-    whole (gathered from every rank's shards) – so a tool can walk a model far larger than memory one tensor at a
-    time."""
-    import torch, torch.distributed.checkpoint as dcp
-    from nxpretrain.train.checkpoint import safe_reader, verify_checkpoint, quiet_dcp
-    d = Path(checkpoint)
-    verify_checkpoint(d)
-    meta = {k[len('model.') :]: m for k,
-            m in safe_reader(d).read_metadata().state_dict_metadata.items() if k.startswith('model.')}
-    def take(key):
-        m = meta[key]
-        t = torch.empty(tuple(m.size), dtype=m.properties.dtype)
-        with quiet_dcp(): dcp.load({'model': {key: t}}, storage_reader=safe_reader(d), no_dist=True)
-        return t
-    return meta, take
-
 # %% ../../nbs/api/45_hf.ipynb #32fc2faf
 def export_hf(checkpoint, out, recipe: Recipe | None = None, dtype=None, max_shard_gb: float = 5.0) -> Path:
     """Write checkpoint `checkpoint` (nxpretrain's, or another engine's: Megatron-LM's torch_dist) as an HF folder `out`
     (config.json + safetensors); `dtype` e.g. torch.bfloat16 to cast."""
     from nxpretrain.models.hf_mapping import to_hf_config, hf_tensors
     from nxpretrain.models.registry import family
-    from nxpretrain.launch.engine import engine_for_checkpoint
+    from nxpretrain.engines.base import engine_for_checkpoint
     r, names, take = engine_for_checkpoint(checkpoint).read_checkpoint(checkpoint, recipe)
     fam = family(r.model.arch)
     tensors = ((k, v if dtype is None else v.to(dtype)) for k, v in hf_tensors(r.model, take, set(names).__contains__)

@@ -15,7 +15,7 @@ from ..models.args import padded_vocab
 from ..validate import validate
 from ..errors import EXIT_REQUEUE, NxpError, TrainingError
 from ..models.registry import family
-from ..objective import Objective, CAUSAL_LM
+from ..models.objective import Objective, CAUSAL_LM
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_NONFINITE', 'MAX_NONFINITE', 'STOP_SIGNALS', 'STEPS_FILE', 'SyntheticTokens',

@@ -9,12 +9,33 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from pathlib import Path
+from dataclasses import dataclass
+from fastcore.basics import patch
 from ..errors import RecipeError
-from ..steptime import Calibration
 
 # %% auto #0
-__all__ = ['ENGINES', 'BUILT_IN', 'PLUGIN_GROUP', 'Engine', 'register_engine', 'load_plugin', 'get_engine',
-           'engine_for_checkpoint', 'engine_of']
+__all__ = ['GiB', 'ENGINES', 'BUILT_IN', 'DEFAULT_ENGINE', 'PLUGIN_GROUP', 'Calibration', 'Memory', 'Engine',
+           'register_engine', 'load_plugin', 'get_engine', 'engine_for_checkpoint', 'engine_of']
+
+# %% ../../nbs/api/49b_engine.ipynb #3df2593f
+@dataclass(frozen=True)
+class Calibration:
+    "The fraction of a device's dense bf16 peak a framework reaches on real layers, and where that number comes from."
+    achievable: float
+    basis: str                  # the run it is fitted to, or why it is assumed
+
+# %% ../../nbs/api/49b_engine.ipynb #0a556332
+GiB = 2**30
+
+@dataclass
+class Memory:
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float = 0.0   # the pipeline's receive buffers
+    @property
+    def total(self): return self.weights + self.grads + self.optimizer + self.activations + self.buffers
 
 # %% ../../nbs/api/49b_engine.ipynb #45f87717
 class Engine(ABC):
@@ -23,6 +44,10 @@ class Engine(ABC):
     framework: str = ''         # what people call it
     checkpoint_format: str = '' # what its checkpoints are on disk
     overlapped: tuple = ()      # mesh dimensions its jobs run behind compute (`nxpretrain.steptime.links`)
+    in_process: bool = False    # it also trains in this Python process (`train`), not only as a job
+    writes_run_folder: bool = False   # its run keeps nxpretrain's run folder (train.log, tb/), which the monitor reads
+    traced: bool = False        # `nxpretrain.trace` measures its own step (its step is nxpretrain's engine's)
+    own_neuron_cache: bool = True   # on Neuron devices its jobs compile into a cache of their own, beside the job
 
     def problems(self, recipe, world: int) -> list[str]:
         "What this engine cannot run of `recipe` on `world` devices, one line each naming the field and the fix."
@@ -67,18 +92,34 @@ class Engine(ABC):
 
     @abstractmethod
     def memory(self, recipe, dp: int):
-        "Bytes per device (`nxpretrain.plan.Memory`) that this engine's run of `recipe` takes at data-parallel `dp`."
+        "Bytes per device (a `Memory`) that this engine's run of `recipe` takes at data-parallel `dp`."
 
-    def checkpoint_bytes_per_parameter(self, recipe) -> int:
-        """Bytes its checkpoint holds per parameter: fp32 master weight and two fp32 moments, and in bf16 the bf16
-        weights too (Megatron-LM and NxD Training save the model's own weights beside the optimizer's)."""
-        return 12 + (2 if recipe.parallel.precision == 'bf16' else 0)
 
-    def __repr__(self): return f"{type(self).__name__}({self.name}: {self.framework})"
+# %% ../../nbs/api/49b_engine.ipynb #c81e19bb
+@patch
+def checkpoint_bytes_per_parameter(self: Engine, recipe) -> int:
+    """Bytes its checkpoint holds per parameter: fp32 master weight and two fp32 moments, and in bf16 the bf16
+    weights too (Megatron-LM and NxD Training save the model's own weights beside the optimizer's)."""
+    return 12 + (2 if recipe.parallel.precision == 'bf16' else 0)
+
+@patch
+def train(self: Engine, recipe, out_dir):
+    "Train `recipe` in this process, its run under `out_dir` (an engine that trains `in_process`)."
+    raise RecipeError(f"engine={self.name}: {self.framework} trains as a job only; run its job (`export`)")
+
+@patch
+def preflight_job(self: Engine, recipe, out_dir, steps: int, entry: str, env: dict):
+    """A short dry run of `recipe`'s training job (`steps` steps of `entry`, with `env`) that checks it before the long
+    run; None where the framework is checked by its ahead-of-time compile or its contract instead."""
+    return None
+
+@patch
+def __repr__(self: Engine): return f"{type(self).__name__}({self.name}: {self.framework})"
 
 # %% ../../nbs/api/49b_engine.ipynb #c31bacdb
 ENGINES: dict[str, type[Engine]] = {}
 BUILT_IN = ('native', 'nxdt', 'megatron')
+DEFAULT_ENGINE = 'native'   # nxpretrain's own trainer: a recipe's default, and the engine of a run that records none
 
 def register_engine(cls: type[Engine]) -> type[Engine]:
     "Class decorator: make engine `cls` the one for its `name`."
@@ -95,7 +136,7 @@ def load_plugin(name: str) -> None:
 
 def get_engine(name: str) -> Engine:
     "The engine registered as `name` (a built-in one is imported on first use); a one-line error naming the known ones."
-    if name not in ENGINES and name in BUILT_IN: importlib.import_module(f"nxpretrain.launch.{name}")
+    if name not in ENGINES and name in BUILT_IN: importlib.import_module(f"nxpretrain.engines.{name}.job")
     if name not in ENGINES: load_plugin(name)
     if name not in ENGINES:
         known = ', '.join(sorted({*ENGINES, *BUILT_IN}))
@@ -106,7 +147,7 @@ def engine_for_checkpoint(path) -> Engine:
     "The engine that wrote checkpoint `path` (every built-in and registered one is asked); nxpretrain's own otherwise."
     for name in BUILT_IN: get_engine(name)
     owners = [engine for cls in ENGINES.values() if (engine := cls()).owns_checkpoint(path)]
-    return owners[0] if owners else get_engine('native')
+    return owners[0] if owners else get_engine(DEFAULT_ENGINE)
 
 def engine_of(recipe) -> Engine:
     "The engine that runs `recipe`'s job."
