@@ -34,9 +34,12 @@ def test_the_trainer_does_not_duck_type_the_model():
 def test_the_engine_composes_its_concern_modules():
     text = (PKG / 'parallel' / 'parallelize.py').read_text()
     concerns = ('loss', 'pipeline', 'tensor_parallel', 'context_parallel', 'activation_checkpoint', 'saved', 'compile',
-                'fsdp', 'init', 'zero')
+                'fsdp', 'init')
     for concern in concerns:
         assert f'from .{concern} import' in text or f'nxpretrain.parallel.{concern} import' in text, concern
+    step = (PKG / 'train' / 'step.py').read_text()   # the step apart from the layout: sums, ZeRO-1, loss, schedule
+    for concern in ('zero', 'loss', 'pipeline', 'tensor_parallel', 'ring'):
+        assert f'from ..parallel.{concern} import' in step, concern
     tree = ast.parse(text)
     attached = [n for n in tree.body if isinstance(n, ast.Assign) and any(
         isinstance(t, ast.Attribute) and getattr(t.value, 'id', '') == 'ParallelModel' for t in n.targets)]
@@ -87,3 +90,49 @@ def test_no_module_name_is_used_twice():
     from collections import Counter
     names = Counter(p.name for p in SOURCES if p.name != '__init__.py')
     assert not [n for n, k in names.items() if k > 1], sorted(n for n, k in names.items() if k > 1)
+
+
+def _calls(path: Path) -> list[tuple[str, int]]:
+    "(called expression, line) of every call in `path`."
+    return [(ast.unparse(n.func), n.lineno) for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]
+
+
+STEP = PKG / 'train' / 'step.py'
+# harnesses that run the step's pieces one by one with checks between: the layout and memory tests' reference, the trace
+STEP_HARNESSES = (PKG / 'testing', PKG / 'trace.py')
+
+
+def test_one_micro_batch_loop():
+    "Micro-batches are cut in one place, `train.step.split_micro_batches`, which the engine and the XLA path share."
+    cuts = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == 'slice' and node.args and isinstance(
+                    node.args[0], ast.BinOp) and isinstance(node.args[0].op, ast.Mult):
+                cuts.append(f"{path.relative_to(PKG)}:{node.lineno}")
+            if isinstance(node, ast.For) and re.search(r'range\(.*//', ast.unparse(node.iter)):
+                cuts.append(f"{path.relative_to(PKG)}:{node.lineno}")
+    assert [c.split(':')[0] for c in cuts] == ['train/step.py'], cuts
+    users = [p.relative_to(PKG).as_posix() for p in SOURCES if any(c == 'split_micro_batches' for c, _ in _calls(p))]
+    assert users == ['train/step.py', 'train/xla_model.py'], users
+
+
+def test_one_optimizer_builder():
+    """Optimizers are built in one place, `ParallelModel.build_optimizer`; ZeRO-1 builds its inner optimizer over its
+    shard, and the layout test's single-process reference its own."""
+    built = re.compile(r'^(torch\.optim\.[A-Z]\w*|Lamb|Zero1Optimizer|FlatZero1Optimizer|optim_cls|zero1)$')
+    allowed = {STEP, PKG / 'parallel' / 'zero.py', PKG / 'testing' / 'layouts.py'}
+    hits = [f"{p.relative_to(PKG)}:{line} {c}" for p in SOURCES if p not in allowed for c, line in _calls(p)
+            if built.match(c)]
+    assert not hits, hits
+
+
+def test_one_step_function():
+    "One step, `ParallelModel.train_step`: the trainer calls it, and nothing else strings the step's pieces together."
+    pieces = ('.forward_backward', '.clip_grad_norm_')
+    hits = [f"{p.relative_to(PKG)}:{line} {c}" for p in SOURCES if p != STEP
+            and not any(p == h or h in p.parents for h in STEP_HARNESSES)
+            for c, line in _calls(p) if c.endswith(pieces)]
+    assert not hits, hits
+    trainer = [c for c, _ in _calls(PKG / 'train' / 'trainer.py')]
+    assert 'self.model.train_step' in trainer and not any(c.endswith('optimizer.step') for c in trainer), trainer
