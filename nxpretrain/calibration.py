@@ -10,7 +10,7 @@ from .config import Recipe, override
 from .recipes import get_recipe
 from .clusters import profile
 from .plan import communication_bytes, layer_parameters
-from .steptime import ANCHORS, ANCHOR_PROFILES, FITS, Anchor, Calibration, StepTime, step_time
+from .steptime import ANCHORS, FITS, Anchor, Calibration, StepTime, step_time
 
 # %% auto #0
 __all__ = ['anchor_recipe', 'anchor_step', 'calibration', 'fit_achievable']
@@ -22,7 +22,7 @@ def anchor_recipe(a: Anchor) -> Recipe:
 
 def anchor_step(a: Anchor, achievable: float | None = None) -> StepTime:
     "Modelled step of anchor `a` on its cluster, at its framework's fit on its device (or `achievable`)."
-    prof = ANCHOR_PROFILES.get(a.profile) or profile(a.profile)
+    prof = profile(a.profile)
     r = anchor_recipe(a)
     dp = r.cluster.nodes * prof.devices_per_node // (r.parallel.tp * r.parallel.pp * r.parallel.cp)
     cal = FITS[a.framework, a.device] if achievable is None else Calibration(achievable, 'asked')

@@ -136,3 +136,45 @@ def test_one_step_function():
     assert not hits, hits
     trainer = [c for c, _ in _calls(PKG / 'train' / 'trainer.py')]
     assert 'self.model.train_step' in trainer and not any(c.endswith('optimizer.step') for c in trainer), trainer
+
+
+MAX_TABLE_LINES = 20
+# The usage examples of each command stay beside the parser that prints them (`nxpretrain COMMAND --help`).
+HELP_TEXT = {('cli.py', 'EXAMPLES')}
+
+
+def _assigned_name(tree: ast.Module, node: ast.AST) -> str:
+    "The module-level name `node` is (part of) the value of, or ''."
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.lineno <= node.lineno <= stmt.end_lineno:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            return ','.join(ast.unparse(t) for t in targets)
+    return ''
+
+
+def test_no_data_table_written_as_a_long_literal():
+    """Data stays data: catalogs, contracts and facts are YAML files under `nxpretrain/` (`catalog/…`,
+    `launch/contracts/…`), read by a few lines of code – no dict, list, tuple or set literal outside a function spans
+    more than 20 lines (a function's literal maps its arguments: code, not a table)."""
+    long = []
+    for path in SOURCES:
+        tree = ast.parse(path.read_text())
+        functions = [(f.lineno, f.end_lineno) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.Lambda))]
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Dict, ast.List, ast.Tuple, ast.Set)): continue
+            if not any(a <= node.lineno <= b for a, b in functions):
+                n = node.end_lineno - node.lineno + 1
+                name = _assigned_name(tree, node)
+                if n > MAX_TABLE_LINES and (path.relative_to(PKG).as_posix(), name) not in HELP_TEXT:
+                    long.append(f"{path.relative_to(PKG)}:{node.lineno} {name or type(node).__name__} ({n} lines)")
+    assert not long, f"move these tables into YAML files under nxpretrain/catalog/: {long}"
+
+
+def test_every_data_file_ships_in_the_wheel():
+    "Each YAML file the package reads is matched by `pyproject.toml`'s package-data, so an installed wheel has it."
+    import tomllib
+    setuptools = tomllib.loads((PKG.parent / 'pyproject.toml').read_text())['tool']['setuptools']
+    globs = setuptools['package-data']['nxpretrain']
+    data = sorted(p.relative_to(PKG) for p in PKG.rglob('*.yaml'))
+    assert data and not [str(p) for p in data if not any(p.match(g) and len(p.parts) == len(Path(g).parts)
+                                                         for g in globs)]
