@@ -158,13 +158,12 @@ def engine_trainer(model, tokens, bf16, recipe, state, compile=False):
     """The trainer's step: the parallel engine in a world of one (loss over global counts, global norm, clipping, fused
     AdamW)."""
     from nxpretrain.parallel.parallelize import parallelize
-    from nxpretrain.train.optim import optimizer_spec
+    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel
     r = override(recipe, f'data.micro_batch={tokens.shape[0]}', f'data.global_batch={tokens.shape[0]}',
                  f"parallel.precision={'bf16' if bf16 else 'fp32'}", 'optim.lr=1e-4', 'optim.weight_decay=0.0',
                  f'trainer.compile={compile}')
     pm = parallelize(model, r, state)
-    cls, kw = optimizer_spec(r.optim, fused=True)
-    opt = pm.build_optimizer(cls, **kw)
+    opt = pm.build_optimizer()   # the recipe's AdamW, fused in a world of one
     def step():
         loss = pm.forward_backward(tokens[:, :-1], tokens[:, 1:])
         pm.clip_grad_norm_(1.0)

@@ -47,6 +47,7 @@ def train(args, layout):
     from nxpretrain.parallel.state import initialize_model_parallel
     from nxpretrain.models.args import padded_vocab
     from nxpretrain.parallel.parallelize import build_parallel_model
+    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel
     from nxpretrain.parallel.fsdp import dp_shard
     from nxpretrain.train.allocator import keep_freed_memory
     keep_freed_memory()   # as the trainer on a CPU
@@ -72,7 +73,7 @@ def exposed_share(pm, x, y, opt, steps: int = 2) -> float:
     """Share of the step that waits for DP gradient sums (the engine's `DP_WAIT` profiler range), over `steps` profiled
     steps."""
     from torch.profiler import profile, ProfilerActivity
-    from nxpretrain.parallel.parallelize import DP_WAIT
+    from nxpretrain.train.step import DP_WAIT
     t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps): pm.train_step(x, y, opt)

@@ -15,7 +15,8 @@ def state_bytes(args, flat: bool) -> int:
     shards)."""
     from nxpretrain.recipes import get_recipe
     from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
-    from nxpretrain.parallel.parallelize import build_parallel_model, param_groups
+    from nxpretrain.parallel.parallelize import build_parallel_model
+    from nxpretrain.train.step import param_groups
     from nxpretrain.parallel.zero import Zero1Optimizer, FlatZero1Optimizer, local
     from nxpretrain.parallel.fsdp import dp_shard
     r = get_recipe(args.recipe, f'parallel.tp={args.tp}', 'parallel.zero1=true', 'parallel.precision=fp32',

@@ -11,7 +11,7 @@ from .recipes import get_recipe
 from .clusters import profile
 from .models.parameters import layer_parameters
 from .engines.base import Calibration
-from .steptime import ANCHORS, ANCHOR_PROFILES, FITS, Anchor, StepTime, communication_bytes, step_time
+from .steptime import ANCHORS, FITS, Anchor, StepTime, communication_bytes, step_time
 
 # %% auto #0
 __all__ = ['anchor_recipe', 'anchor_step', 'calibration', 'fit_achievable']
@@ -23,7 +23,7 @@ def anchor_recipe(a: Anchor) -> Recipe:
 
 def anchor_step(a: Anchor, achievable: float | None = None) -> StepTime:
     "Modelled step of anchor `a` on its cluster, at its framework's fit on its device (or `achievable`)."
-    prof = ANCHOR_PROFILES.get(a.profile) or profile(a.profile)
+    prof = profile(a.profile)
     r = anchor_recipe(a)
     dp = r.cluster.nodes * prof.devices_per_node // (r.parallel.tp * r.parallel.pp * r.parallel.cp)
     cal = FITS[a.framework, a.device] if achievable is None else Calibration(achievable, 'asked')

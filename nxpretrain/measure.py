@@ -40,6 +40,7 @@ def measure_step(r: Recipe) -> dict:
     "On each rank of a running process group: one build and optimizer step of `r`; its peak resident bytes."
     from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
     from nxpretrain.parallel.parallelize import build_parallel_model
+    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel
     from nxpretrain.trace import MESH_GROUPS
     p = r.parallel
     st = initialize_model_parallel(p.tp, p.pp, p.cp, 'cpu')

@@ -7,9 +7,12 @@ each link leaves exposed, and the pipeline bubble – calibrated on published ru
 from __future__ import annotations
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from .config import Recipe, data_parallel_size
 from .recipes import get_recipe
 from .models.args import padded_vocab
+import yaml
+from .recipes import catalog_dir
 from .clusters import ClusterProfile, profile
 from .models.registry import family
 from .models.parameters import layer_parameters
@@ -17,7 +20,7 @@ from .parallel.memory import rank_parameters
 from .engines.base import Calibration
 
 # %% auto #0
-__all__ = ['DEVICES', 'PROFILE_DEVICE', 'FITS', 'ANCHOR_PROFILES', 'ANCHORS', 'Device', 'device_of', 'fitted',
+__all__ = ['DEVICES', 'PROFILE_DEVICE', 'FITS', 'ANCHORS', 'Device', 'device_of', 'anchors_file', 'fitted',
            'block_flops', 'micro_batches', 'rank_flops', 'sp_block_transfers', 'Link', 'links', 'communication_bytes',
            'StepTime', 'step_time', 'engine_step_time', 'Anchor', 'published']
 
@@ -34,7 +37,7 @@ DEVICES: dict[str, Device] = {d.kind: d for d in [
 ]}
 PROFILE_DEVICE = {'trn1.32xlarge': 'trn1', 'trn1n.32xlarge': 'trn1', 'trn2.48xlarge': 'trn2',
                   'trn2.48xlarge-lnc1': 'trn2', 'p4de.24xlarge': 'a100', 'p5.48xlarge': 'h100', 'nd_h100_v5': 'h100',
-                  'nd_h200_v5': 'h200'}
+                  'nd_h200_v5': 'h200', 'dgx_a100': 'a100', 'dgx_h100': 'h100'}
 _BACKEND_DEVICE = {'xla': 'trn1', 'neuron': 'trn2', 'nccl': 'h100', 'gloo': 'cpu'}
 
 def device_of(prof: ClusterProfile) -> Device:
@@ -42,11 +45,13 @@ def device_of(prof: ClusterProfile) -> Device:
     return DEVICES[PROFILE_DEVICE.get(prof.name) or _BACKEND_DEVICE[prof.backend]]
 
 # %% ../nbs/api/02b_steptime.ipynb #cbcd270c
+def anchors_file() -> Path:
+    "The catalog's file of published runs and the fits made on them."
+    return catalog_dir() / 'steptime' / 'anchors.yaml'
+
+_PUBLISHED = yaml.safe_load(anchors_file().read_text())
 FITS: dict[tuple[str, str], Calibration] = {
-    ('NxD Training', 'trn1'): Calibration(0.414, 'fit: seed 4 Llama-3 70B on 16 trn1'),
-    ('neuronx-nemo-megatron', 'trn1'): Calibration(0.210, 'fit: seed 0 GPT-3 23B on 4 trn1'),
-    ('Megatron-LM', 'a100'): Calibration(0.620, 'fit: Megatron-LM 145.6B on 1536 A100'),
-    ('Megatron-LM', 'h100'): Calibration(0.539, 'fit: Megatron-Core GPT-3 177B on 2304 H100'),
+    (f['framework'], f['device']): Calibration(f['achievable'], f['basis']) for f in _PUBLISHED['fits']
 }
 
 def fitted(framework: str, device: str) -> Calibration | None:
@@ -249,14 +254,6 @@ def engine_step_time(r: Recipe, engine, dp: int | None = None, calibration: Cali
     return step_time(r, communication_bytes(r, dp), layer_parameters(r.model), cal, dp=dp, overlapped=engine.overlapped)
 
 # %% ../nbs/api/02b_steptime.ipynb #b57fb671
-ANCHOR_PROFILES = {
-    'dgx_a100': ClusterProfile('dgx_a100', 'nccl', 8, 80, 312, 128, 2048, 1600, interconnect='infiniband',
-                               notes='Selene: DGX A100 80 GB, 8 × 200 Gb/s HDR InfiniBand'),
-    'dgx_h100': ClusterProfile('dgx_h100', 'nccl', 8, 80, 989, 112, 2048, 3200, interconnect='infiniband',
-                               notes='DGX H100, 8 × 400 Gb/s NDR InfiniBand'),
-}
-PROFILE_DEVICE.update({'dgx_a100': 'a100', 'dgx_h100': 'h100'})
-
 @dataclass(frozen=True)
 class Anchor:
     name: str
@@ -287,47 +284,27 @@ def _gpt(L, h, heads, tp, pp, gpus, batch, s, V, recompute, sp) -> tuple:
             f'data.global_batch={batch}', f'cluster.nodes={gpus // 8}')
 
 # %% ../nbs/api/02b_steptime.ipynb #eaf5d7df
-_PAPER = 'Narayanan et al. 2021 (arXiv:2104.04473)'
-_README = 'Megatron-LM README, images/model_table.png (commit 937571cfd4)'
+def _a100(source, name, layers, hidden, heads, tp, pp, gpus, batch, tflops, role, where='Table 1'):
+    overrides = _gpt(layers, hidden, heads, tp, pp, gpus, batch, 2048, 51200, 'full', False) + ('parallel.zero1=false',)
+    return Anchor(name, 'gpt3_175b_gpu', overrides, 'dgx_a100', 'a100', 'Megatron-LM',
+                  _megatron_a100(layers, hidden, heads, pp, gpus, batch, tflops), role,
+                  f"{source} {where}: {gpus} A100, TP {tp} × PP {pp}, batch {batch}, {tflops} TFLOP/s per GPU")
 
-def _a100(name, L, h, heads, tp, pp, gpus, batch, tflops, role, where='Table 1'):
-    return Anchor(name, 'gpt3_175b_gpu',
-                  _gpt(L, h, heads, tp, pp, gpus, batch, 2048, 51200, 'full', False) + ('parallel.zero1=false',),
-                  'dgx_a100', 'a100', 'Megatron-LM', _megatron_a100(L, h, heads, pp, gpus, batch, tflops), role,
-                  f"{_PAPER} {where}: {gpus} A100, TP {tp} × PP {pp}, batch {batch}, {tflops} TFLOP/s per GPU")
-
-def _h100(name, L, h, heads, tp, pp, gpus, batch, tflops, role):
-    return Anchor(name, 'gpt3_175b_gpu', _gpt(L, h, heads, tp, pp, gpus, batch, 4096, 131072, 'none', True), 'dgx_h100',
-                  'h100', 'Megatron-LM', _megatron_h100(L, h, heads, pp, gpus, batch, tflops), role,
-                  f"{_README}: {gpus} H100, TP {tp} × PP {pp} × DP 48, batch {batch}, {tflops} TFLOP/s per GPU",
+def _h100(source, name, layers, hidden, heads, tp, pp, gpus, batch, tflops, role):
+    overrides = _gpt(layers, hidden, heads, tp, pp, gpus, batch, 4096, 131072, 'none', True)
+    return Anchor(name, 'gpt3_175b_gpu', overrides, 'dgx_h100', 'h100', 'Megatron-LM',
+                  _megatron_h100(layers, hidden, heads, pp, gpus, batch, tflops), role,
+                  f"{source}: {gpus} H100, TP {tp} × PP {pp} × DP 48, batch {batch}, {tflops} TFLOP/s per GPU",
                   ('tp', 'dp'))
 
+def _table(rows: dict, make) -> list[Anchor]:
+    "The anchors of a published table: `make(source, **row)` for each of its runs."
+    return [make(rows['source'], **run) for run in rows['runs']]
+
 ANCHORS: list[Anchor] = [
-    Anchor('GPT-3 23B, 4 trn1', 'gpt3_23b', (), 'trn1.32xlarge', 'trn1', 'neuronx-nemo-megatron', 18.8, 'fit',
-           'seed 0 (neuronx-nemo-megatron): "18.79s/it", 128 samples a step'),
-    Anchor('Llama-3 70B, 16 trn1', 'llama3_70b', (), 'trn1.32xlarge', 'trn1', 'NxD Training', 321.0, 'fit',
-           'seed 4 (NxD Training): "321.89s/it" … "320.22s/it", 1024 samples a step'),
-    _a100('GPT 145.6B, 1536 A100', 80, 12288, 96, 8, 8, 1536, 2304, 148, 'fit'),
-    _a100('GPT-3 175B, 1024 A100', 96, 12288, 96, 8, 8, 1024, 1536, 140, 'held-out',
-          '§5.1 (layout as Table 1 at this size)'),
-    _a100('GPT 1.7B, 32 A100', 24, 2304, 24, 1, 1, 32, 512, 137, 'held-out'),
-    _a100('GPT 3.6B, 64 A100', 30, 3072, 32, 2, 1, 64, 512, 138, 'held-out'),
-    _a100('GPT 7.5B, 128 A100', 36, 4096, 32, 4, 1, 128, 512, 142, 'held-out'),
-    _a100('GPT 18.4B, 256 A100', 40, 6144, 48, 8, 1, 256, 1024, 135, 'held-out'),
-    _a100('GPT 39.1B, 512 A100', 48, 8192, 64, 8, 2, 512, 1536, 138, 'held-out'),
-    _a100('GPT 76.1B, 1024 A100', 60, 10240, 80, 8, 4, 1024, 1792, 140, 'held-out'),
-    _a100('GPT 310.1B, 1920 A100', 96, 16384, 128, 8, 16, 1920, 2160, 155, 'held-out'),
-    _a100('GPT 529.6B, 2520 A100', 105, 20480, 128, 8, 35, 2520, 2520, 163, 'held-out'),
-    _a100('GPT 1T, 3072 A100', 128, 25600, 160, 8, 64, 3072, 3072, 163, 'held-out'),
-    _h100('GPT-3 177B, 2304 H100', 96, 12288, 96, 8, 6, 2304, 1152, 432.8, 'fit'),
-    _h100('GPT 1.7B, 48 H100', 24, 2048, 16, 1, 1, 48, 192, 408.8, 'held-out'),
-    _h100('GPT 7.1B, 96 H100', 30, 4096, 32, 2, 1, 96, 192, 465.9, 'held-out'),
-    _h100('GPT 16B, 192 H100', 32, 6144, 48, 4, 1, 192, 192, 489.1, 'held-out'),
-    _h100('GPT 32B, 384 H100', 48, 7168, 56, 8, 1, 384, 192, 459.6, 'held-out'),
-    _h100('GPT 70B, 768 H100', 84, 8192, 64, 8, 2, 768, 384, 419.7, 'held-out'),
-    _h100('GPT 119B, 1536 H100', 92, 10240, 80, 8, 4, 1536, 768, 420.5, 'held-out'),
-    _h100('GPT 314B, 3072 H100', 96, 16384, 128, 8, 8, 3072, 1536, 474.4, 'held-out'),
-    _h100('GPT 462B, 6144 H100', 112, 18432, 144, 8, 16, 6144, 3072, 459.9, 'held-out'),
+    *(Anchor(overrides=(), **a) for a in _PUBLISHED['anchors']),
+    *_table(_PUBLISHED['megatron_a100'], _a100),
+    *_table(_PUBLISHED['megatron_h100'], _h100),
 ]
 
 # %% ../nbs/api/02b_steptime.ipynb #95ecb883

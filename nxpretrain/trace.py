@@ -264,6 +264,7 @@ def trace_rank(r: Recipe | str, rank: int, limit: int | None = None) -> RankTrac
     "Trace one training step of rank `rank` of recipe `r` at its real size and world (nothing is allocated)."
     from torch._subclasses.fake_tensor import FakeTensorMode
     from nxpretrain.parallel.parallelize import build_parallel_model, attach_schedule
+    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel
     r = get_recipe(r) if isinstance(r, str) else r
     if why := untraceable(r): raise RecipeError(why)
     t0, n, k = time.time(), micro_batches(r), traced_micro_batches(r, limit)

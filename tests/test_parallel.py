@@ -50,6 +50,7 @@ def _overlap_probe():
     from nxpretrain.testing.layouts import tiny_recipe, tiny_batch
     from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
     from nxpretrain.parallel.parallelize import build_parallel_model
+    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel
     from nxpretrain.parallel.zero import OverlappedGradReducer
     from nxpretrain.parallel.fsdp import dp_shard
     r = tiny_recipe('gpt', 'parallel.zero1=true')
@@ -74,6 +75,7 @@ def _zero1_state_bytes():
     from nxpretrain.testing.layouts import tiny_recipe, tiny_batch
     from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
     from nxpretrain.parallel.parallelize import build_parallel_model
+    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel
     from nxpretrain.parallel.zero import FlatZero1Optimizer, local
     from nxpretrain.parallel.fsdp import dp_shard
     r = tiny_recipe('llama', 'parallel.zero1=true', 'parallel.tp=2')
@@ -150,6 +152,7 @@ def _bf16_steps(overrides: tuple, keep_everything: bool = False) -> tuple:
     from nxpretrain.testing.layouts import tiny_recipe, tiny_batch
     from nxpretrain.parallel.state import initialize_model_parallel, destroy_model_parallel
     from nxpretrain.parallel.parallelize import build_parallel_model
+    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel
     from nxpretrain.parallel.zero import local
     from nxpretrain.parallel.fsdp import dp_shard
     r = tiny_recipe('llama', 'parallel.tp=2', SP, 'parallel.precision=bf16', *overrides)

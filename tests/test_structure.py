@@ -34,9 +34,12 @@ def test_the_trainer_does_not_duck_type_the_model():
 def test_the_engine_composes_its_concern_modules():
     text = (PKG / 'parallel' / 'parallelize.py').read_text()
     concerns = ('loss', 'pipeline', 'tensor_parallel', 'context_parallel', 'activation_checkpoint', 'saved', 'compile',
-                'fsdp', 'init', 'zero')
+                'fsdp', 'init')
     for concern in concerns:
         assert f'from .{concern} import' in text or f'nxpretrain.parallel.{concern} import' in text, concern
+    step = (PKG / 'train' / 'step.py').read_text()   # the step apart from the layout: sums, ZeRO-1, loss, schedule
+    for concern in ('zero', 'loss', 'pipeline', 'tensor_parallel', 'ring'):
+        assert f'from ..parallel.{concern} import' in step, concern
     tree = ast.parse(text)
     attached = [n for n in tree.body if isinstance(n, ast.Assign) and any(
         isinstance(t, ast.Attribute) and getattr(t.value, 'id', '') == 'ParallelModel' for t in n.targets)]
@@ -189,3 +192,89 @@ def test_only_the_slurm_launcher_runs_slurm_commands():
                 callers.add(path.relative_to(PKG).as_posix())
     assert callers - SLURM_LAUNCHER - KNOWN_SLURM_CALLERS == set(), callers - SLURM_LAUNCHER - KNOWN_SLURM_CALLERS
     assert KNOWN_SLURM_CALLERS <= callers, 'a known caller runs no Slurm command now: take it off the list'
+def _calls(path: Path) -> list[tuple[str, int]]:
+    "(called expression, line) of every call in `path`."
+    return [(ast.unparse(n.func), n.lineno) for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]
+
+
+STEP = PKG / 'train' / 'step.py'
+# harnesses that run the step's pieces one by one with checks between: the layout and memory tests' reference, the trace
+STEP_HARNESSES = (PKG / 'testing', PKG / 'trace.py')
+
+
+def test_one_micro_batch_loop():
+    "Micro-batches are cut in one place, `train.step.split_micro_batches`, which the engine and the XLA path share."
+    cuts = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == 'slice' and node.args and isinstance(
+                    node.args[0], ast.BinOp) and isinstance(node.args[0].op, ast.Mult):
+                cuts.append(f"{path.relative_to(PKG)}:{node.lineno}")
+            if isinstance(node, ast.For) and re.search(r'range\(.*//', ast.unparse(node.iter)):
+                cuts.append(f"{path.relative_to(PKG)}:{node.lineno}")
+    assert [c.split(':')[0] for c in cuts] == ['train/step.py'], cuts
+    users = [p.relative_to(PKG).as_posix() for p in SOURCES if any(c == 'split_micro_batches' for c, _ in _calls(p))]
+    assert users == ['train/step.py', 'train/xla_model.py'], users
+
+
+def test_one_optimizer_builder():
+    """Optimizers are built in one place, `ParallelModel.build_optimizer`; ZeRO-1 builds its inner optimizer over its
+    shard, and the layout test's single-process reference its own."""
+    built = re.compile(r'^(torch\.optim\.[A-Z]\w*|Lamb|Zero1Optimizer|FlatZero1Optimizer|optim_cls|zero1)$')
+    allowed = {STEP, PKG / 'parallel' / 'zero.py', PKG / 'testing' / 'layouts.py'}
+    hits = [f"{p.relative_to(PKG)}:{line} {c}" for p in SOURCES if p not in allowed for c, line in _calls(p)
+            if built.match(c)]
+    assert not hits, hits
+
+
+def test_one_step_function():
+    "One step, `ParallelModel.train_step`: the trainer calls it, and nothing else strings the step's pieces together."
+    pieces = ('.forward_backward', '.clip_grad_norm_')
+    hits = [f"{p.relative_to(PKG)}:{line} {c}" for p in SOURCES if p != STEP
+            and not any(p == h or h in p.parents for h in STEP_HARNESSES)
+            for c, line in _calls(p) if c.endswith(pieces)]
+    assert not hits, hits
+    trainer = [c for c, _ in _calls(PKG / 'train' / 'trainer.py')]
+    assert 'self.model.train_step' in trainer and not any(c.endswith('optimizer.step') for c in trainer), trainer
+
+
+MAX_TABLE_LINES = 20
+# The usage examples of each command stay beside the parser that prints them (`nxpretrain COMMAND --help`).
+HELP_TEXT = {('cli.py', 'EXAMPLES')}
+
+
+def _assigned_name(tree: ast.Module, node: ast.AST) -> str:
+    "The module-level name `node` is (part of) the value of, or ''."
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.lineno <= node.lineno <= stmt.end_lineno:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            return ','.join(ast.unparse(t) for t in targets)
+    return ''
+
+
+def test_no_data_table_written_as_a_long_literal():
+    """Data stays data: catalogs, contracts and facts are YAML files under `nxpretrain/` (`catalog/…`,
+    `engines/*/contract.yaml`), read by a few lines of code – no dict, list, tuple or set literal outside a function spans
+    more than 20 lines (a function's literal maps its arguments: code, not a table)."""
+    long = []
+    for path in SOURCES:
+        tree = ast.parse(path.read_text())
+        functions = [(f.lineno, f.end_lineno) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.Lambda))]
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Dict, ast.List, ast.Tuple, ast.Set)): continue
+            if not any(a <= node.lineno <= b for a, b in functions):
+                n = node.end_lineno - node.lineno + 1
+                name = _assigned_name(tree, node)
+                if n > MAX_TABLE_LINES and (path.relative_to(PKG).as_posix(), name) not in HELP_TEXT:
+                    long.append(f"{path.relative_to(PKG)}:{node.lineno} {name or type(node).__name__} ({n} lines)")
+    assert not long, f"move these tables into YAML files under nxpretrain/catalog/: {long}"
+
+
+def test_every_data_file_ships_in_the_wheel():
+    "Each YAML file the package reads is matched by `pyproject.toml`'s package-data, so an installed wheel has it."
+    import tomllib
+    setuptools = tomllib.loads((PKG.parent / 'pyproject.toml').read_text())['tool']['setuptools']
+    globs = setuptools['package-data']['nxpretrain']
+    data = sorted(p.relative_to(PKG) for p in PKG.rglob('*.yaml'))
+    assert data and not [str(p) for p in data if not any(p.match(g) and len(p.parts) == len(Path(g).parts)
+                                                         for g in globs)]

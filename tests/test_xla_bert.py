@@ -39,7 +39,7 @@ from nxpretrain.recipes import get_recipe
 from nxpretrain.train.checkpoint import rng_state, set_rng_state
 from nxpretrain.train.entry import main
 from nxpretrain.train.trainer import Trainer
-from nxpretrain.train.xla import build_xla_model
+from nxpretrain.train.xla_model import build_xla_model
 out, data_root, device, steps, *overrides = sys.argv[1:]
 dist.init_process_group('gloo')   # one for the three runs: a group started again would read the last one's addresses
 

@@ -54,6 +54,7 @@ def engine(dev):
     from nxpretrain.recipes import get_recipe
     from nxpretrain.parallel.state import ParallelState, MESH_DIMS
     from nxpretrain.parallel.parallelize import build_parallel_model
+    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel
     from nxpretrain.train.checkpoint import Checkpointer, TrainingStateDict
     from nxpretrain.train.trainer import build_datasets, micro_batches, concat, model_inputs
     r = get_recipe('bert_tiny', 'model.hidden=64', 'model.seq_len=64', 'data.micro_batch=2', 'data.global_batch=8',

@@ -6,12 +6,15 @@ fetch-and-extract of its HDF5 tar."""
 # %% ../../nbs/api/15b_archive.ipynb #ecd0b86a
 from __future__ import annotations
 import json, os, shutil, tarfile
+from importlib.resources import files
 from pathlib import Path, PurePosixPath
+import yaml
 from ..progress import progress_bar
 from ..errors import DataError
 
 # %% auto #0
-__all__ = ['BERT_HDF5_TARS', 'check_members', 'extract_tar', 'fetch_bert_hdf5', 'bert_hdf5_folder', 'main']
+__all__ = ['BERT_HDF5_TARS', 'check_members', 'extract_tar', 'bert_hdf5_file', 'fetch_bert_hdf5', 'bert_hdf5_folder',
+           'main']
 
 # %% ../../nbs/api/15b_archive.ipynb #29ea619d
 def check_members(tar: tarfile.TarFile, name: str) -> list[tarfile.TarInfo]:
@@ -53,10 +56,11 @@ def extract_tar(archive, dest, progress: bool = True) -> list[Path]:
     return [dest / f for f in files]
 
 # %% ../../nbs/api/15b_archive.ipynb #87f0437c
-BERT_HDF5_TARS = {
-    'bert_wikicorpus_hdf5_128': 's3://neuron-s3/training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128.tar',
-    'bert_wikicorpus_hdf5_512': 's3://neuron-s3/training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen512.tar',
-}
+def bert_hdf5_file() -> Path:
+    "The catalog's file of seed 3's HDF5 tars: their addresses and where they were read."
+    return Path(str(files('nxpretrain') / 'catalog' / 'data' / 'bert_hdf5.yaml'))
+
+BERT_HDF5_TARS = {name: t['url'] for name, t in yaml.safe_load(bert_hdf5_file().read_text())['tars'].items()}
 
 def _shard_folder(files: list[Path]) -> Path:
     "The folder holding the most .hdf5 files among `files`."

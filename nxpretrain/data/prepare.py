@@ -8,8 +8,10 @@ stopped."""
 from __future__ import annotations
 import itertools, json, os, shutil, sys, time, multiprocessing as mp
 from dataclasses import dataclass, field, asdict
+from importlib.resources import files
 from pathlib import Path
 import numpy as np
+import yaml
 from ..progress import progress_bar
 from ..errors import DataError
 from .corpus import LineStats, iter_jsonl, line_ranges, demo_documents, write_jsonl, extract_zst
@@ -19,8 +21,9 @@ from .cuts import encode_whole
 
 # %% auto #0
 __all__ = ['CORPORA', 'STAGES', 'encode_documents', 'TokenizeTask', 'run_task', 'tokenize_files', 'record', 'done',
-           'read_manifest', 'CorpusRecipe', 'corpus_dir', 'stage_units', 'unit_prefix', 'run_stage', 'slurm_task',
-           'array_plan', 'get_recipe_corpus', 'prepare', 'prepare_demo', 'prepared_prefix', 'ensure_dataset', 'main']
+           'read_manifest', 'CorpusRecipe', 'corpora_file', 'load_corpora', 'corpus_dir', 'stage_units', 'unit_prefix',
+           'run_stage', 'slurm_task', 'array_plan', 'get_recipe_corpus', 'prepare', 'prepare_demo', 'prepared_prefix',
+           'ensure_dataset', 'main']
 
 # %% ../../nbs/api/14_prepare.ipynb #25acc0a5
 def encode_documents(tok, texts: list[str], max_chars: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
@@ -176,44 +179,29 @@ class CorpusRecipe:
     sha256: dict = field(default_factory=dict)   # file name -> expected checksum
     hf: tuple = ()              # (dataset, config) read with HF datasets when base_url is empty
     notes: str = ''
+    source: str = ''            # where the address and the layout were read (the seed's tutorial)
 
 # %% ../../nbs/api/14_prepare.ipynb #91c71746
-_SLIMPAJAMA_SETS = ('RedPajamaCommonCrawl', 'RedPajamaC4', 'RedPajamaGithub', 'RedPajamaBook', 'RedPajamaArXiv',
-                    'RedPajamaWikipedia', 'RedPajamaStackExchange')
-CORPORA = {
-    'demo': CorpusRecipe(
-        'demo', [], tokenizer='demo', notes="Python's reference topics and stdlib docstrings; no network"
-    ),
-    'wikipedia': CorpusRecipe(
-        'wikipedia',
-        ['my-gpt2_text_document.bin', 'my-gpt2_text_document.idx'],
-        'https://neuron-s3.s3.amazonaws.com/training_datasets/gpt/wikipedia/',
-        prepared=True,
-        notes='seed 0: GPT-2 BPE Wikipedia, already tokenized (s3://neuron-s3/training_datasets/gpt/wikipedia/)',
-    ),
-    'pile': CorpusRecipe(
-        'pile',
-        [f'{i:02d}.jsonl.zst' for i in range(30)],
-        'https://the-eye.eu/public/AI/pile/train/',
-        notes='seed 1: 30 × .jsonl.zst, 426 GB compressed; one array task per file',
-    ),
-    'slimpajama': CorpusRecipe(
-        'slimpajama',
-        [f'chunk{c}/example_train_{i}.jsonl.zst' for c in range(1, 11) for i in range(5912)],
-        'https://huggingface.co/datasets/cerebras/SlimPajama-627B/resolve/main/train/',
-        sets=_SLIMPAJAMA_SETS,
-        chunks=72,
-        notes='seed 2: 59,120 train files → extract → 72 chunks → tokenize; pass sets=... to filter',
-    ),
-    'wikicorpus-llama3': CorpusRecipe(
-        'wikicorpus-llama3',
-        ['wikicorpus_raw_en.jsonl'],
-        tokenizer='llama3',
-        hf=('wikicorpus', 'raw_en'),
-        notes='seed 4: HF datasets wikicorpus raw_en (export_hf_dataset) + the Llama 3 '
-        'tokenizer.json; train on 8192-token blocks (nxpretrain.data.bert_blocks)',
-    ),
-}
+def corpora_file() -> Path:
+    "The catalog's file of corpora: where each seed's text comes from and how it is prepared."
+    return Path(str(files('nxpretrain') / 'catalog' / 'data' / 'corpora.yaml'))
+
+def _file_names(spec) -> list:
+    "A corpus's file names: a list, or `{pattern, index: [start, stop], …}` formatted over the indices, outer first."
+    if isinstance(spec, list): return spec
+    ranges = {k: range(*v) for k, v in spec.items() if k != 'pattern'}
+    return [spec['pattern'].format(**dict(zip(ranges, ix))) for ix in itertools.product(*ranges.values())]
+
+def load_corpora(path=None) -> dict[str, CorpusRecipe]:
+    "{name: corpus} of every corpus in `path` (default: the catalog's file), in the file's order."
+    path = Path(path or corpora_file())
+    out = {}
+    for name, c in yaml.safe_load(path.read_text())['corpora'].items():
+        lists = {k: tuple(c[k]) for k in ('sets', 'hf') if k in c}
+        out[name] = CorpusRecipe(name, **{**c, 'files': _file_names(c.get('files', [])), **lists})
+    return out
+
+CORPORA = load_corpora()
 
 # %% ../../nbs/api/14_prepare.ipynb #455ce5b4
 def corpus_dir(recipe: CorpusRecipe, root: str | Path) -> Path: return Path(root) / recipe.name

@@ -86,6 +86,22 @@ def bert_from_hf_config(d: dict) -> ModelConfig:
                        norm_eps=d.get('layer_norm_eps', 1e-12), init_std=d.get('initializer_range', 0.02))
 
 _LN = ('weight', 'bias')
+_BERT_BLOCK = [   # our block's modules and HF's BertLayer's, each with a weight and a bias
+    ('attention.wq', 'attention.self.query'),
+    ('attention.wk', 'attention.self.key'),
+    ('attention.wv', 'attention.self.value'),
+    ('attention.wo', 'attention.output.dense'),
+    ('attention_norm', 'attention.output.LayerNorm'),
+    ('mlp.w1', 'intermediate.dense'),
+    ('mlp.w2', 'output.dense'),
+    ('ffn_norm', 'output.LayerNorm'),
+]
+_BERT_HEADS = [   # the pre-training heads' modules and HF's
+    ('mlm_dense', 'cls.predictions.transform.dense'),
+    ('mlm_norm', 'cls.predictions.transform.LayerNorm'),
+    ('pooler', 'bert.pooler.dense'),
+    ('nsp_head', 'cls.seq_relationship'),
+]
 BERT_HF = HFAdapter(
     'BertForPreTraining',
     'bert',
@@ -96,30 +112,8 @@ BERT_HF = HFAdapter(
         ('pos_embeddings.weight', 'bert.embeddings.position_embeddings.weight', ''),
         ('type_embeddings.weight', 'bert.embeddings.token_type_embeddings.weight', ''),
         *[(f'embedding_norm.{p}', f'bert.embeddings.LayerNorm.{p}', '') for p in _LN],
-        *[
-            (f'layers.{{i}}.{a}.{p}', f'bert.encoder.layer.{{i}}.{b}.{p}', '')
-            for a, b in [
-                ('attention.wq', 'attention.self.query'),
-                ('attention.wk', 'attention.self.key'),
-                ('attention.wv', 'attention.self.value'),
-                ('attention.wo', 'attention.output.dense'),
-                ('attention_norm', 'attention.output.LayerNorm'),
-                ('mlp.w1', 'intermediate.dense'),
-                ('mlp.w2', 'output.dense'),
-                ('ffn_norm', 'output.LayerNorm'),
-            ]
-            for p in _LN
-        ],
-        *[
-            (f'{a}.{p}', f'{b}.{p}', '')
-            for a, b in [
-                ('mlm_dense', 'cls.predictions.transform.dense'),
-                ('mlm_norm', 'cls.predictions.transform.LayerNorm'),
-                ('pooler', 'bert.pooler.dense'),
-                ('nsp_head', 'cls.seq_relationship'),
-            ]
-            for p in _LN
-        ],
+        *[(f'layers.{{i}}.{a}.{p}', f'bert.encoder.layer.{{i}}.{b}.{p}', '') for a, b in _BERT_BLOCK for p in _LN],
+        *[(f'{a}.{p}', f'{b}.{p}', '') for a, b in _BERT_HEADS for p in _LN],
         ('output.weight', 'cls.predictions.decoder.weight', 'vocab'),
         ('output.bias', 'cls.predictions.decoder.bias', 'vocab'),
     ),

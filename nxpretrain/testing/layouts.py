@@ -13,7 +13,8 @@ from ..models.registry import build_model
 from ..parallel.state import initialize_model_parallel, destroy_model_parallel
 from ..models.args import padded_vocab
 from ..models.registry import family
-from ..parallel.parallelize import build_parallel_model, param_groups
+from ..parallel.parallelize import build_parallel_model
+from ..train.step import param_groups
 from ..parallel.loss import LossCounts, pretraining_loss, IGNORE_INDEX
 from ..parallel.fsdp import dp_shard
 from ..parallel.tensor_parallel import unreplicate_kv, kv_replicated_params
@@ -83,8 +84,8 @@ def check_layout(arch: str = 'gpt', overrides: tuple = (), steps: int = 3, seed:
     ref = build_model(r.model, padded_vocab(r.model, p.tp), seed=seed)
     pm = build_parallel_model(r, state, seed=seed)   # on meta, then this rank's shards: the same initial weights
     if sabotage == 'skip_reduce': pm.reduce_grads = lambda: None
-    opt = pm.build_optimizer()
-    o = r.optim
+    o = r.optim   # the reference's optimizer, whatever the recipe names: AdamW one tensor at a time
+    opt = pm.build_optimizer(torch.optim.AdamW, lr=o.lr, betas=tuple(o.betas), eps=o.eps, foreach=False)
     ref_opt = torch.optim.AdamW(param_groups(ref.named_parameters(), o.weight_decay), lr=o.lr, betas=tuple(o.betas),
                                 eps=o.eps, foreach=False)
     kv = {id(q): (k, hd) for part in pm.parts for q, k, hd in kv_replicated_params(part)}

@@ -10,7 +10,7 @@ import torch
 from ..config import OptimConfig
 
 # %% auto #0
-__all__ = ['lr_at', 'Lamb', 'optimizer_spec']
+__all__ = ['lr_at', 'Lamb']
 
 # %% ../../nbs/api/40_optim.ipynb #2f2e5e04
 def lr_at(step: int, optim: OptimConfig, max_steps: int) -> float:
@@ -57,9 +57,3 @@ class Lamb(torch.optim.Optimizer):
                 trust = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
                 p.add_(update, alpha=-g['lr'] * trust)
         return loss
-
-# %% ../../nbs/api/40_optim.ipynb #57c513fa
-def optimizer_spec(optim: OptimConfig, **adamw_flags) -> tuple[type, dict]:
-    "(class, keyword arguments) of the recipe's optimizer; `adamw_flags` (fused, foreach) go to AdamW only."
-    kw = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps)
-    return (Lamb, kw) if optim.name == 'lamb' else (torch.optim.AdamW, {**kw, **adamw_flags})

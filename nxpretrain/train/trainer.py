@@ -181,23 +181,12 @@ def _logger(path: Path | None):
     return log
 
 # %% ../../nbs/api/43_trainer.ipynb #9fab6941
-def _optimizer(pm, recipe: Recipe):
-    "The recipe's optimizer over `pm`: fused AdamW where a world of one holds plain tensors on a device that has it."
-    import torch
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-    from nxpretrain.train.optim import optimizer_spec
-    p = next(pm.parameters())
-    plain = type(p.data) is torch.Tensor
-    fused = pm.state.world == 1 and plain and p.device.type in _get_fused_kernels_supported_devices()
-    cls, kw = optimizer_spec(recipe.optim, **({'fused': True} if fused else {'foreach': False}))
-    return pm.build_optimizer(cls, **kw)
-
 def _start(recipe: Recipe, run_dir: Path, model, log, resume_from, weights_only, async_save):
     "The optimizer of `model`, the checkpointer and the resumed trainer state (or None)."
     import torch
     from nxpretrain.train.checkpoint import Checkpointer, TrainingStateDict, load_weights, rank
     tr = recipe.trainer
-    optimizer = _optimizer(model, recipe)
+    optimizer = model.build_optimizer()   # the recipe's (`nxpretrain.train.step`)
     # each rank its own dropout stream; a resume restores it from the checkpoint
     torch.manual_seed(tr.seed + 1 + rank())
     from nxpretrain.train.mirror import mirror_for
@@ -281,8 +270,8 @@ from fastcore.basics import patch
 
 @patch
 def step(self: Trainer, stop) -> tuple:
-    "One optimizer step: (loss, grad norm, lr, whether a stop was signalled, whether a time-based save is due)."
-    import torch, torch.distributed as dist
+    """One optimizer step, the model's `train_step`: (loss, grad norm, lr, whether a stop was signalled, whether a
+    time-based save is due)."""
     from nxpretrain.train.optim import lr_at
     d, s = self.recipe.data, self.state
     lr = lr_at(s.step, self.recipe.optim, self.max_steps)
@@ -290,35 +279,37 @@ def step(self: Trainer, stop) -> tuple:
     batches = micro_batches(self.train_ds, s.consumed_samples, d.global_batch, d.micro_batch, self.st.rank('dp'),
                             self.st.dp)
     tokens, labels, targets, inputs = model_inputs(concat(batches), self.model.objective, self.st.torch_device)
-    loss = self.model.forward_backward(tokens, labels, targets, **inputs)
-    gnorm = self.model.clip_grad_norm_(self.recipe.optim.clip_grad)
+    out = self.model.train_step(tokens, labels, self.optimizer, self.recipe.optim.clip_grad, targets,
+                                agree=lambda loss: self._agree(loss, stop), **inputs)
+    self._count_update(out)
+    s.step, s.consumed_samples = s.step + 1, s.consumed_samples + d.global_batch
+    return out['loss'], out['grad_norm'], lr, out['signalled'], out['time_due']
+
+@patch
+def _agree(self: Trainer, loss, stop) -> dict:
+    "Before the update: rank 0's loss and any rank's stop or save request on every rank, and an async save's copy done."
+    import torch, torch.distributed as dist
     time_due = self.ck.time_due(self.recipe.trainer.save_every_minutes)
     mine = loss.item() if self.is_main else 0.0   # every rank has the global loss: rank 0's goes to all
     flags = torch.tensor([mine, stop.signal is not None, time_due], dtype=torch.float64)
     if self.n_world > 1: dist.all_reduce(flags)   # one collective: the loss, and any rank's stop or save request
-    loss = flags[0].item()
     self.ck.wait_staged()  # an async save still copying the weights must finish copying before they change
-    self._update(loss, gnorm)
-    s.step, s.consumed_samples = s.step + 1, s.consumed_samples + d.global_batch
-    return loss, gnorm, lr, flags[1].item() > 0, flags[2].item() > 0
+    return dict(loss=flags[0].item(), signalled=flags[1].item() > 0, time_due=flags[2].item() > 0)
 
 @patch
-def _update(self: Trainer, loss: float, gnorm):
-    "The optimizer step, skipped when the loss or gradient norm is not finite."
-    import torch
-    if math.isfinite(loss) and torch.isfinite(gnorm):
-        self.optimizer.step()
+def _count_update(self: Trainer, out: dict):
+    "Count an optimizer step the model skipped (its loss or gradient norm not finite), and say so."
+    if out['updated']:
         self.nonfinite = 0
-    else:
-        self.state.skipped_steps += 1
-        self.nonfinite += 1
-        self.log(f"step {self.state.step + 1}: loss {loss} / grad norm {gnorm.item()} not finite; optimizer step "
-                 f"skipped ({self.nonfinite} in a row)")
-    self.optimizer.zero_grad(set_to_none=True)
+        return
+    self.state.skipped_steps += 1
+    self.nonfinite += 1
+    self.log(f"step {self.state.step + 1}: loss {out['loss']} / grad norm {out['grad_norm']} not finite; optimizer "
+             f"step skipped ({self.nonfinite} in a row)")
 
 # %% ../../nbs/api/43_trainer.ipynb #59d6b0cc
 @patch
-def log_step(self: Trainer, loss: float, gnorm, lr: float, dt: float):
+def log_step(self: Trainer, loss: float, gnorm: float, lr: float, dt: float):
     "The step's line in `steps.jsonl`, the progress bar, and every `log_every` steps the seeds' line and scalars."
     from nxpretrain.perf import mfu as model_flops_utilisation
     from nxpretrain.models.args import padded_vocab
@@ -330,7 +321,7 @@ def log_step(self: Trainer, loss: float, gnorm, lr: float, dt: float):
     res.steps.append(s.step)
     res.losses.append(loss)
     if self.steps_log:
-        self.steps_log.write(json.dumps(dict(step=s.step, loss=loss, lr=lr, grad_norm=gnorm.item(),
+        self.steps_log.write(json.dumps(dict(step=s.step, loss=loss, lr=lr, grad_norm=gnorm,
                                              consumed_samples=s.consumed_samples, time=time.time())) + '\n')
     self.prog.update(loss, lr, s.step, s.consumed_samples)
     if not (s.step % r.trainer.log_every == 0 or s.step == self.max_steps):
@@ -340,10 +331,10 @@ def log_step(self: Trainer, loss: float, gnorm, lr: float, dt: float):
     peak = self.peak_tflops()
     mfu = model_flops_utilisation(tps / self.n_world, r.model, peak, padded_vocab(r.model, r.parallel.tp))
     pn = self.model.param_norm().item()
-    self.log(f"step {s.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {gnorm.item():.3f} | "
+    self.log(f"step {s.step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {gnorm:.3f} | "
              f"parameter_norm {pn:.2f} | tokens/s {tps:.0f} | mfu {mfu:.3f} | consumed_samples "
              f"{s.consumed_samples} | s/step {self.win_time / self.win_steps:.3f}")
-    self.scalars.write(s.step, loss=loss, lr=lr, grad_norm=gnorm.item(), parameter_norm=pn, tokens_per_s=tps,
+    self.scalars.write(s.step, loss=loss, lr=lr, grad_norm=gnorm, parameter_norm=pn, tokens_per_s=tps,
                        mfu=mfu, consumed_samples=s.consumed_samples, skipped_steps=s.skipped_steps)
     self.win_time, self.win_steps = 0.0, 0
 
@@ -454,9 +445,10 @@ def session(self: Trainer):
 def build_model(self: Trainer):
     "This rank's `ParallelModel` on the mesh `self.st`, initialised from `trainer.seed` identically under any layout."
     if self.st.device == 'xla':
-        from nxpretrain.train.xla import build_xla_model
+        from nxpretrain.train.xla_model import build_xla_model
         return build_xla_model(self.recipe, self.st)
     from nxpretrain.parallel.parallelize import build_parallel_model
+    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel
     return build_parallel_model(self.recipe, self.st, seed=self.recipe.trainer.seed)
 
 @patch

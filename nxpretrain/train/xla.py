@@ -6,16 +6,11 @@ in place of the parallel engine's; `neuron_parallel_compile` first."""
 
 # %% ../../nbs/api/47_xla.ipynb #959e0b79
 from __future__ import annotations
-import copy
 import torch
 import torch.distributed as dist
-from ..config import Recipe
-from ..models.args import padded_vocab
-from ..parallel.parallelize import ParallelModel, micro_rows
-from ..parallel.loss import LossCounts, lm_loss_sum
 
 # %% auto #0
-__all__ = ['xla_runtime', 'DPSums', 'XlaDPModel', 'build_xla_model']
+__all__ = ['xla_runtime', 'DPSums']
 
 # %% ../../nbs/api/47_xla.ipynb #980eae33
 def xla_runtime(device) -> tuple:
@@ -44,106 +39,3 @@ class DPSums:
             n = t.numel()
             t.copy_(flat[at:at + n].view_as(t).to(t.dtype).to(t.device))
             at += n
-
-# %% ../../nbs/api/47_xla.ipynb #3423fc7d
-class XlaDPModel(ParallelModel):
-    "The XLA step (data-parallel) behind `ParallelModel`'s interface; `parts[0]` the fp32 master, `compute` its copy."
-    def __init__(self, master, compute, recipe: Recipe, state):
-        super().__init__([master], recipe, state, [0])
-        self.compute = compute
-        native, self.mark_step = xla_runtime(state.torch_device)
-        self.sums = DPSums(state.dp, native, self.mark_step)
-
-    def train(self, mode: bool = True):
-        self.compute.train(mode)
-        return super().train(mode)
-
-    @torch.no_grad()
-    def loss_counts(self, labels) -> LossCounts:
-        "The step's normalisers over every DP rank, summed on the CPU (gloo returns an XLA tensor unsummed)."
-        n = (labels != self.ignore_index).sum().to('cpu', torch.float64)
-        if self.state.dp > 1: dist.all_reduce(n)
-        return LossCounts(tokens=max(n.item(), 1.0), sequences=float(labels.shape[0] * self.state.dp))
-
-    @torch.no_grad()
-    def round_weights(self):
-        "The weights forward runs: the master's, rounded to bf16 (after the last update, or a load)."
-        if self.compute is self.parts[0]: return
-        for w, m in zip(self.compute.parameters(), self.parts[0].parameters()): w.copy_(m)
-
-    def master_grads(self) -> list:
-        "The gradients that exist, moved to the fp32 master (the bf16 model's are dropped)."
-        if self.compute is not self.parts[0]:
-            for w, m in zip(self.compute.parameters(), self.parts[0].parameters()):
-                m.grad = None if w.grad is None else w.grad.float()
-                w.grad = None
-        return [p.grad for p in self.parameters() if p.grad is not None]
-
-    @torch.no_grad()
-    def global_norm(self, tensors_of) -> torch.Tensor:
-        "L2 norm of `tensors_of(p)` over the model, which every DP rank holds whole: no collective."
-        tensors = [t for p in self.parameters() if (t := tensors_of(p)) is not None]
-        return torch.stack(torch._foreach_norm(tensors)).square().sum().sqrt()
-
-    def build_optimizer(self, optim_cls=None, **kwargs) -> torch.optim.Optimizer:
-        "The engine's optimizer over the master; each update runs as its own graph (`mark_step` after `step`)."
-        optimizer = super().build_optimizer(optim_cls, **kwargs)
-        optimizer.register_step_post_hook(lambda *_: self.mark_step())
-        return optimizer
-
-# %% ../../nbs/api/47_xla.ipynb #ad0511a9
-from fastcore.basics import patch
-
-@patch
-def forward_backward(self: XlaDPModel, tokens, labels, targets: dict | None = None, counts: LossCounts | None = None,
-                     **inputs) -> torch.Tensor:
-    "Forward and backward over this DP rank's batch; the gradients summed on the master; the global loss (float64)."
-    self._check_inputs(tokens, targets, inputs)
-    targets = targets or {}
-    self.loss.counts = counts or self.loss_counts(labels)
-    self.round_weights()
-    mb, total = self.recipe.data.micro_batch, torch.zeros((), device=tokens.device)
-    for i in range(tokens.shape[0] // mb):
-        sl = slice(i * mb, (i + 1) * mb)
-        out = self.compute(tokens[sl], **micro_rows(inputs, sl))
-        loss = self.loss(out, labels[sl], micro_rows(targets, sl))
-        loss.backward()
-        total += loss.detach().float()
-    self.sums.sum_(self.master_grads())
-    self.mark_step()
-    return self._sum_over_ranks(total.to('cpu', torch.float64))
-
-@patch
-@torch.no_grad()
-def evaluate_sums(self: XlaDPModel, tokens, labels, targets: dict | None = None, **inputs) -> torch.Tensor:
-    "(Σ token loss, predicted tokens, then the objective's `eval_sums`) over every DP rank's batch, forward only."
-    self._check_inputs(tokens, targets, inputs)
-    self.round_weights()
-    mb, sums = self.recipe.data.micro_batch, torch.zeros(2 + self.objective.eval_sum_count, device=tokens.device)
-    for i in range(tokens.shape[0] // mb):
-        sl = slice(i * mb, (i + 1) * mb)
-        out = self.compute(tokens[sl], **micro_rows(inputs, sl))
-        sums[0] += lm_loss_sum(self.objective.lm_output(out), labels[sl], self.ignore_index)
-        for j, value in enumerate(self.objective.eval_sums(out, micro_rows(targets or {}, sl)), 2):
-            sums[j] += torch.as_tensor(value, dtype=sums.dtype)   # on the device: no sync per micro-batch
-    sums[1] = (labels != self.ignore_index).sum()
-    self.mark_step()
-    return self._sum_over_ranks(sums.to('cpu', torch.float64))
-
-# %% ../../nbs/api/47_xla.ipynb #a715fc2b
-def build_xla_model(recipe: Recipe, state) -> XlaDPModel:
-    "`recipe`'s model for the XLA step on `state`'s device (`trainer.device=xla`), initialised from `trainer.seed`."
-    from nxpretrain.models.registry import build_model
-    from nxpretrain.parallel.init import init_parts
-    with torch.device('meta'): master = build_model(recipe.model, padded_vocab(recipe.model, 1))
-    master.to_empty(device='cpu')
-    master.tie_weights()
-    init_parts([master], recipe.model, recipe.trainer.seed, master.tied_names)
-    compute = copy.deepcopy(master).to(torch.bfloat16) if recipe.parallel.precision == 'bf16' else master
-    for m in {id(m): m for m in (master, compute)}.values():
-        m.to(state.torch_device)
-        m.tie_weights()
-    if state.torch_device.type == 'xla':
-        import torch_xla.core.xla_model as xm
-        xm.set_rng_state(recipe.trainer.seed + 1 + dist.get_rank())
-    return XlaDPModel(master, compute, recipe, state)
