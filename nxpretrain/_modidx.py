@@ -933,6 +933,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                            'nxpretrain.launch.prepare.Step': ('api/prepare.html#step', 'nxpretrain/launch/prepare.py'),
                                            'nxpretrain.launch.prepare.Step.line': ( 'api/prepare.html#step.line',
                                                                                     'nxpretrain/launch/prepare.py'),
+                                           'nxpretrain.launch.prepare.Step.test': ( 'api/prepare.html#step.test',
+                                                                                    'nxpretrain/launch/prepare.py'),
                                            'nxpretrain.launch.prepare._corpus_steps': ( 'api/prepare.html#_corpus_steps',
                                                                                         'nxpretrain/launch/prepare.py'),
                                            'nxpretrain.launch.prepare._run_here': ( 'api/prepare.html#_run_here',
