@@ -935,6 +935,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'nxpretrain/launch/prepare.py'),
                                            'nxpretrain.launch.prepare.Step.test': ( 'api/prepare.html#step.test',
                                                                                     'nxpretrain/launch/prepare.py'),
+                                           'nxpretrain.launch.prepare._bash_here': ( 'api/prepare.html#_bash_here',
+                                                                                     'nxpretrain/launch/prepare.py'),
                                            'nxpretrain.launch.prepare._corpus_steps': ( 'api/prepare.html#_corpus_steps',
                                                                                         'nxpretrain/launch/prepare.py'),
                                            'nxpretrain.launch.prepare._run_here': ( 'api/prepare.html#_run_here',

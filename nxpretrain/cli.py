@@ -131,7 +131,8 @@ def _setup_recipe(a):
     from nxpretrain.stages import load_recipe
     from nxpretrain.launch.prepare import prepare, setup_check
     r = load_recipe(a.model, a.overrides)
-    check = (prepare if a.prepare else setup_check)(r, a.cluster or None, a.out, a.data_dir or 'runs/data')
+    where = (r, a.cluster or None, a.out, a.data_dir or 'runs/data')
+    check = prepare(*where, dry_run=a.dry_run) if a.prepare else setup_check(*where)
     if a.json: return _print_json(check.to_dict())
     print(check.table().text())
     if not check.ready and not a.prepare:
@@ -343,6 +344,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--cluster', default='', help="profile[:partition][@nodes] the job runs on (default: the recipe's)")
     p.add_argument('--prepare', action='store_true', help='make what is missing first: the image, the framework at '
                    'its commit, the Neuron venv, the tokenizer files (Slurm jobs where the seeds run them on a node)')
+    p.add_argument('--dry-run', action='store_true', help='with --prepare: write the set-up jobs and say what would '
+                                                            'run; run and submit nothing')
     p.add_argument('--out', default='runs', help="where the recipe's job folder goes (default: runs)")
     p.add_argument('--recipes', default='all', help='comma-separated recipe names, or all')
     p.add_argument('--recipe', default='', metavar='NAME', help='everything one recipe needs and lacks here')
