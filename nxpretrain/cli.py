@@ -129,7 +129,7 @@ def _setup_recipe(a):
     "`setup RECIPE`: what its job lacks, judged on a node of its partition (srun); `--prepare` makes it first."
     import shlex
     from nxpretrain.stages import load_recipe
-    from nxpretrain.launch.prepare import prepare, setup_check
+    from nxpretrain.launch.provision import prepare, setup_check
     r = load_recipe(a.model, a.overrides)
     where = (r, a.cluster or None, a.out, a.data_dir or 'runs/data')
     check = prepare(*where, dry_run=a.dry_run) if a.prepare else setup_check(*where)

@@ -8,7 +8,7 @@ import pytest
 from nxpretrain.clusters import PROFILES, profile
 from nxpretrain.cli import main
 from nxpretrain.errors import LaunchError
-from nxpretrain.launch import prepare as prep
+from nxpretrain.launch import provision as prep
 from nxpretrain.stages import load_recipe, train_stage
 from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
 
