@@ -2,7 +2,7 @@
 `train --cluster` before sbatch. The GPU node's tools stand in on PATH (what srun and sbatch pass to the tasks):
 `nvidia-smi` lists one GPU, `enroot import` writes its source into the image file, `curl` writes its URL into the
 file it names; a local git repository with two commits stands in for Megatron-LM, pinned at the first."""
-import contextlib, dataclasses, io, json, os, subprocess
+import contextlib, dataclasses, io, json, os, subprocess, time
 from pathlib import Path
 import pytest
 from nxpretrain.clusters import PROFILES, profile
@@ -126,3 +126,26 @@ def test_a_step_that_fails_names_its_log(tmp_path, monkeypatch):
     r = dataclasses.replace(r, cluster=dataclasses.replace(r.cluster, profile='p5.48xlarge'))   # no container
     with pytest.raises(LaunchError, match=r'framework: .* failed here \(exit \d+\); log: .*setup-framework.log'):
         prep.prepare(r, None, show=lambda *_: None)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(bool(SLURM), reason=f"no local Slurm: {SLURM}")
+def test_a_busy_partition_is_judged_from_here_and_says_so(gpu_node):
+    "No node free within the wait: the files are judged here, the devices not, and the answer says so."
+    r = load_recipe('gpt3_175b_gpu', gpu_node['overrides'])
+    busy = subprocess.run(['sbatch', '--parsable', '--exclusive', '--partition=debug', '--output=/dev/null',
+                           '--wrap=sleep 120'], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        t0 = time.time()
+        while subprocess.run(['squeue', '-h', '-j', busy, '-o', '%T'], capture_output=True, text=True).stdout.strip() \
+                != 'RUNNING':
+            assert time.time() - t0 < 60, 'the job that keeps the node busy never started'
+            time.sleep(0.2)
+        steps = prep.setup_steps(*prep.resolve_cluster(r, CLUSTER))
+        probe = prep.run_probe(steps, 'debug', wait_s=1)
+        assert probe.slurm and not probe.devices and probe.where.startswith('the head node '), probe
+        assert 'no node of partition debug answered within 1 s' in probe.where, probe.where
+        gaps = prep.probe_gaps(gpu_node['prof'], probe, steps)
+        assert [g.split(':')[0] for g in gaps] == ['image', 'framework', 'tokenizer'], gaps   # no device line
+    finally:
+        subprocess.run(['scancel', busy], check=False)
