@@ -90,10 +90,11 @@ def test_train_refuses_then_prepare_makes_each_step_as_a_job_and_setup_says_read
     assert all(' is missing: ' in l for l in lines[1:])
     assert not Path('runs/jobs/gpt3_175b_gpu/jobs.jsonl').exists()          # no record: sbatch never ran
     # setup --prepare: each step a Slurm job on the partition, then ready
-    said = []
-    done = prep.prepare(r, CLUSTER, show=said.append)
-    assert done.ready, done.missing
-    assert [s.split(' as Slurm job ')[0] for s in said] == ['set-up: image', 'set-up: framework', 'set-up: tokenizer']
+    rc, out, err = _run('setup', 'gpt3_175b_gpu', *o, '--cluster', CLUSTER, '--prepare')
+    said = [l for l in out.splitlines() if l.startswith('set-up: ')]
+    assert rc == 0 and [s.split(' as Slurm job ')[0] for s in said] == ['set-up: image', 'set-up: framework',
+                                                                         'set-up: tokenizer'], out + err
+    assert all(s.endswith(' on debug') for s in said) and 'ready      nothing is missing' in out, out
     kinds = [json.loads(l)['kind'] for l in Path('runs/jobs/gpt3_175b_gpu/setup/jobs.jsonl').read_text().splitlines()]
     assert kinds == ['setup-image', 'setup-framework', 'setup-tokenizer']
     assert Path(image).read_text() == 'docker://nvcr.io#nvidia/pytorch:25.03-py3\n'     # what enroot imported
