@@ -1,6 +1,7 @@
-"""Seed 1 (NeMo GPT-3 on 16 p4de.24xlarge, enroot/pyxis): its recipes validate and plan, their jobs run in the seed's
-container with its mounts and pass `sbatch --test-only` on a controller shaped like the cluster, and the data recipe
-reads pre-made `.bin/.idx` prefixes as they are (a small copy of the layout trains two steps)."""
+"""Seed 1 (NeMo GPT-3 on 16 p4de.24xlarge, enroot/pyxis): its recipes validate and plan, their jobs run in a container
+with the seed's mounts (seed 1's EFA layer on the NGC PyTorch that Megatron-LM e958b2ca runs on) and pass `sbatch
+--test-only` on a controller shaped like the cluster, and the data recipe reads pre-made `.bin/.idx` prefixes as they
+are (a small copy of the layout trains two steps)."""
 import numpy as np
 import pytest
 from nxpretrain.recipes import get_recipe
