@@ -35,6 +35,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'nxpretrain.cli._trace': ('api/cli.html#_trace', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._trace_dict': ('api/cli.html#_trace_dict', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._train': ('api/cli.html#_train', 'nxpretrain/cli.py'),
+                                'nxpretrain.cli._trains_here': ('api/cli.html#_trains_here', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._watch': ('api/cli.html#_watch', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli.main': ('api/cli.html#main', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli.parse_args': ('api/cli.html#parse_args', 'nxpretrain/cli.py')},

@@ -139,9 +139,15 @@ def _setup_recipe(a):
         words = [a.model, *a.overrides, *(['--cluster', a.cluster] if a.cluster else [])]
         print(f"\nmake what is missing: nxpretrain setup {' '.join(map(shlex.quote, words))} --prepare")
 
+def _trains_here(a) -> bool:
+    "Whether recipe `a.model` trains on this machine (no cluster given, a one-node CPU recipe)."
+    from nxpretrain.stages import load_recipe, where_to_train
+    return not a.cluster and where_to_train(load_recipe(a.model, a.overrides))[0] in ('local', 'torchrun')
+
 def _setup(a):
     from nxpretrain.machine import report_text, report_dict, machine_report, recipe_readiness, Table
-    if a.model: return _setup_recipe(a)
+    if a.model and not _trains_here(a): return _setup_recipe(a)
+    a.recipe = a.recipe or a.model                       # a recipe that trains here is judged here
     if a.json: return _print_json(report_dict(a.recipe or a.recipes, a.data_dir))
     if not a.recipe:
         print(report_text(a.recipes, a.data_dir))

@@ -116,6 +116,8 @@ def test_without_slurm_setup_judges_the_head_node_and_says_so(tmp_path, monkeypa
     d = json.loads(out)
     assert rc == 0 and d['judged'].startswith('the head node ') and 'no Slurm answers' in d['judged']
     assert not d['ready'] and [s['what'] for s in d['steps']] == ['image', 'framework', 'tokenizer', 'corpus']
+    rc, out, err = _run('setup', 'gpt3_tiny')                 # it trains on this machine: this machine is judged
+    assert rc == 0 and out.splitlines()[-1].split() == ['ready', 'nothing', 'is', 'missing', 'here'], out
 
 
 def test_a_step_that_fails_names_its_log(tmp_path, monkeypatch):
