@@ -87,7 +87,7 @@ def test_train_refuses_then_prepare_makes_each_step_as_a_job_and_setup_says_read
     image = gpu_node['prof'].container
     assert lines[1] == (f"  image: {image} is missing: mkdir -p {gpu_node['stage']} && enroot import -o {image} "
                         "'docker://nvcr.io#nvidia/pytorch:25.03-py3'")
-    assert all(' is missing: ' in l for l in lines[1:])
+    assert all(' is missing' in l and ': ' in l for l in lines[1:])
     assert not Path('runs/jobs/gpt3_175b_gpu/jobs.jsonl').exists()          # no record: sbatch never ran
     # setup --prepare: each step a Slurm job on the partition, then ready
     rc, out, err = _run('setup', 'gpt3_175b_gpu', *o, '--cluster', CLUSTER, '--prepare')
