@@ -136,7 +136,8 @@ def _setup_recipe(a):
     if a.json: return _print_json(check.to_dict())
     print(check.table().text())
     if not check.ready and not a.prepare:
-        words = [a.model, *a.overrides, *(['--cluster', a.cluster] if a.cluster else [])]
+        words = [a.model, *a.overrides, *(['--cluster', a.cluster] if a.cluster else []),
+                 *(['--out', a.out] if a.out != 'runs' else []), *(['--data-dir', a.data_dir] if a.data_dir else [])]
         print(f"\nmake what is missing: nxpretrain setup {' '.join(map(shlex.quote, words))} --prepare")
 
 def _trains_here(a) -> bool:
