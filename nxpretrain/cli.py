@@ -35,6 +35,8 @@ EXAMPLES = {
         'nxpretrain setup',
         'nxpretrain setup --recipe llama3_70b',
         'nxpretrain setup --recipes gpt3_tiny,gpt3_23b --json',
+        'nxpretrain setup gpt3_175b_gpu --cluster nd_h100_v5:gpu',
+        'nxpretrain setup gpt3_175b_gpu --cluster nd_h100_v5:gpu --prepare',
     ],
     'compile': ['nxpretrain compile gpt3_23b --cluster trn1'],
     'jobs': ['nxpretrain jobs', 'nxpretrain jobs --json'],
@@ -123,8 +125,30 @@ def _train(a):
     from nxpretrain.stages import train_stage
     train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out, dry_run=a.dry_run, test_only=a.test_only)
 
+def _setup_recipe(a):
+    "`setup RECIPE`: what its job lacks, judged on a node of its partition (srun); `--prepare` makes it first."
+    import shlex
+    from nxpretrain.stages import load_recipe
+    from nxpretrain.launch.provision import prepare, setup_check
+    r = load_recipe(a.model, a.overrides)
+    where = (r, a.cluster or None, a.out, a.data_dir or 'runs/data')
+    check = prepare(*where, dry_run=a.dry_run) if a.prepare else setup_check(*where)
+    if a.json: return _print_json(check.to_dict())
+    print(check.table().text())
+    if not check.ready and not a.prepare:
+        words = [a.model, *a.overrides, *(['--cluster', a.cluster] if a.cluster else []),
+                 *(['--out', a.out] if a.out != 'runs' else []), *(['--data-dir', a.data_dir] if a.data_dir else [])]
+        print(f"\nmake what is missing: nxpretrain setup {' '.join(map(shlex.quote, words))} --prepare")
+
+def _trains_here(a) -> bool:
+    "Whether recipe `a.model` trains on this machine (no cluster given, a one-node CPU recipe)."
+    from nxpretrain.stages import load_recipe, where_to_train
+    return not a.cluster and where_to_train(load_recipe(a.model, a.overrides))[0] in ('local', 'torchrun')
+
 def _setup(a):
     from nxpretrain.machine import report_text, report_dict, machine_report, recipe_readiness, Table
+    if a.model and not _trains_here(a): return _setup_recipe(a)
+    a.recipe = a.recipe or a.model                       # a recipe that trains here is judged here
     if a.json: return _print_json(report_dict(a.recipe or a.recipes, a.data_dir))
     if not a.recipe:
         print(report_text(a.recipes, a.data_dir))
@@ -319,7 +343,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--dry-run', action='store_true', help='plan and write the job; train and submit nothing')
     p.add_argument('--test-only', action='store_true', help='ask Slurm when the job would start (sbatch --test-only); '
                                                             'submit nothing')
-    p = cmd('setup', _setup, 'what this machine offers and what each recipe still needs here', json=True)
+    p = cmd('setup', _setup, "what this machine offers and what each recipe still needs here; with RECIPE, what its "
+                             "job lacks on the partition it runs on", json=True)
+    p.add_argument('model', nargs='?', default='', metavar='RECIPE',
+                   help="a recipe: judge its job on a node of its partition (srun), or here where no Slurm answers")
+    p.add_argument('overrides', nargs='*', metavar='key=value', help='dotted overrides, e.g. cluster.nodes=2')
+    p.add_argument('--cluster', default='', help="profile[:partition][@nodes] the job runs on (default: the recipe's)")
+    p.add_argument('--prepare', action='store_true', help='make what is missing first: the image, the framework at '
+                   'its commit, the Neuron venv, the tokenizer files (Slurm jobs where the seeds run them on a node)')
+    p.add_argument('--dry-run', action='store_true', help='with --prepare: write the set-up jobs and say what would '
+                                                            'run; run and submit nothing')
+    p.add_argument('--out', default='runs', help="where the recipe's job folder goes (default: runs)")
     p.add_argument('--recipes', default='all', help='comma-separated recipe names, or all')
     p.add_argument('--recipe', default='', metavar='NAME', help='everything one recipe needs and lacks here')
     p.add_argument('--data-dir', default=None, help='where prepared data lives (default: $NXPRETRAIN_DATA or '

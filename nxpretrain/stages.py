@@ -113,6 +113,8 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         return job
     job_id = None
     if action == 'submit' and not test_only:          # the summary first, the script after it (folded in a notebook)
+        from nxpretrain.launch.provision import refuse_unready
+        refuse_unready(r, job, cluster, out_dir)         # setup's check, on the job's partition, before sbatch
         launcher = get_launcher(job.scheduler)
         job_id = launcher.submit(job)
         print('\n' + job_summary(job, job_id, model, launcher.log_path(job_id)))

@@ -1,6 +1,7 @@
-"""Seed 1 (NeMo GPT-3 on 16 p4de.24xlarge, enroot/pyxis): its recipes validate and plan, their jobs run in the seed's
-container with its mounts and pass `sbatch --test-only` on a controller shaped like the cluster, and the data recipe
-reads pre-made `.bin/.idx` prefixes as they are (a small copy of the layout trains two steps)."""
+"""Seed 1 (NeMo GPT-3 on 16 p4de.24xlarge, enroot/pyxis): its recipes validate and plan, their jobs run in a container
+with the seed's mounts (seed 1's EFA layer on the NGC PyTorch that Megatron-LM e958b2ca runs on) and pass `sbatch
+--test-only` on a controller shaped like the cluster, and the data recipe reads pre-made `.bin/.idx` prefixes as they
+are (a small copy of the layout trains two steps)."""
 import numpy as np
 import pytest
 from nxpretrain.recipes import get_recipe
@@ -13,7 +14,7 @@ from nxpretrain.launch.slurm import SlurmLauncher
 from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
 
 SEED1 = ('gpt3_175b_p4de', 'gpt3_126m_p4de')
-IMAGE = '/apps/bignlp-training_22.09-py3-bcp-nsys-2022.5.1-v2-efa.sqsh'
+IMAGE = '/apps/pytorch+25.03+py3-efa.sqsh'   # seed 1's EFA layer on the PyTorch Megatron-LM e958b2ca runs on
 
 
 @pytest.mark.parametrize('name', SEED1)
@@ -89,3 +90,23 @@ def test_premade_prefixes_train_as_they_are(tmp_path):
         'my-gpt3_01_text_document.idx',
     ]
     assert IndexedDataset(prefixes[1]).num_tokens > 0
+
+
+@pytest.mark.parametrize('name', SEED1)
+def test_missing_image_hint_builds_pytorch_25_03_with_the_efa_layer(tmp_path, name):
+    "The job's check names the image Megatron-LM e958b2ca runs in, under its own file name, and how to build it."
+    import shlex, subprocess, sys
+    from nxpretrain.engines.megatron.contract import load_contract
+    from nxpretrain.engines.megatron.job import export_megatron
+    job = export_megatron(get_recipe(name), tmp_path / name)['train']        # the job `train` submits (Megatron-LM)
+    line = next(l for l in job.script.splitlines() if l.startswith('for need in '))
+    needs = dict(n.split('::', 1) for n in shlex.split(line.removeprefix('for need in ').removesuffix('; do')))
+    hint = needs[IMAGE]
+    assert 'docker build -t nxpretrain/pytorch:25.03-py3-efa' in hint and 'pytorch:25.03' in hint
+    assert hint.endswith(f"enroot import -o {IMAGE} dockerd://nxpretrain/pytorch:25.03-py3-efa"), hint
+    p = subprocess.run([sys.executable, '-m', 'nxpretrain.engines.images', 'dockerfile', IMAGE.rsplit('/', 1)[1]],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    seed2_image = load_contract()['setup_script']['image'].replace('#', '/')       # the image seed 2 runs e958b2ca in
+    assert f"FROM {seed2_image}\n" in p.stdout
+    assert './configure --prefix=/opt/amazon/efa' in p.stdout and 'aws-ofi-nccl' in p.stdout

@@ -16,6 +16,7 @@ from ...launch.slurm import sbatch_header
 from ...errors import RecipeError
 from .contract import contract_problems, load_contract, megatron_script
 from .checkpoint import TRACKER, tracked_iteration
+from ..images import image_hint
 
 # %% auto #0
 __all__ = ['RECOMPUTE_MODULES', 'SEED2_CHECKPOINT_FLAGS', 'RANK_SH', 'JOB_BODY', 'MEGATRON_COMMIT',
@@ -282,7 +283,7 @@ def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '') ->
     needs = {f"{megatron_lm}/pretrain_gpt.py": f"git clone https://github.com/NVIDIA/Megatron-LM {megatron_lm} && "
                                                 f"git -C {megatron_lm} checkout {MEGATRON_COMMIT}"}
     if container.endswith('.sqsh'):
-        needs[container] = f"enroot import --output {container} docker://{load_contract()['setup_script']['image']}"
+        needs[container] = image_hint(container)
     needs.update({p + '.idx': 'prepare the corpus: nxpretrain data RECIPE' for p in values['data-path'][1::2]
                   or values['data-path']})
     needs.update({values[k][0]: 'GPT-2 vocab.json and merges.txt from https://huggingface.co/gpt2'
