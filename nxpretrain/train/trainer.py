@@ -151,6 +151,7 @@ def evaluate_loss(model, dataset, samples: int, dp_rank: int = 0, dp: int = 1) -
     """{'loss', 'perplexity'} and the objective's metrics (BERT's 'nsp_loss', 'nsp_accuracy') of the `ParallelModel`
     `model` on the first `samples` samples of `dataset`."""
     import torch
+    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel (`evaluate_sums`)
     d, device, objective = model.recipe.data, model.state.torch_device, model.objective
     chunk = d.global_batch if model.schedule is not None else d.micro_batch * dp
     sums = torch.zeros(2 + objective.eval_sum_count, dtype=torch.float64)
