@@ -159,8 +159,9 @@ def record_notebook(run_dir, notebook: str, model: str = ''):
     f.write_text(json.dumps(meta))
 
 # %% ../nbs/api/62_runs.ipynb #0c70a1e9
-def stage_next(notebook: str, why: str, **params) -> str:
-    "The closing 'Next:' lines of a stage: open `notebook` (e.g. '05_monitor') in the lab, or run it with papermill."
+def stage_next(notebook: str, why: str, outcome: str = '', **params) -> str:
+    """The closing 'Next:' lines of a stage: open `notebook` (e.g. '05_monitor') in the lab, or run it with papermill;
+    then the stage's `outcome` in one line, the last a terminal shows."""
     import shlex
     args = ''.join(f" -p {k} {shlex.quote(str(v))}" for k, v in params.items())
     lab = f"set {', '.join(f'{k} = {v!r}' for k, v in params.items())}, " if params else ''
@@ -168,7 +169,7 @@ def stage_next(notebook: str, why: str, **params) -> str:
     return '\n'.join([f"Next: {notebook} – {why}",
                       f"  in JupyterLab   open {notebook}.ipynb beside this notebook, {lab}Run All",
                       f"  in a terminal   cd {shlex.quote(str(project_root()))} && papermill nbs/{notebook}.ipynb "
-                      f"runs/{name}.ipynb{args} --log-output"])
+                      f"runs/{name}.ipynb{args} --log-output", *([outcome] if outcome else [])])
 
 # %% ../nbs/api/62_runs.ipynb #6967127b
 def demo(model: str = 'gpt3_tiny', out_dir: str = 'runs', name: str = '', max_steps: int = 0) -> int:
