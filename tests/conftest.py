@@ -25,13 +25,18 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope='session', autouse=True)
 def own_home(tmp_path_factory):
-    """The suite's own NXPRETRAIN_HOME (unless the gate gave one), and no project root from a lab; afterwards the
-    user's job index holds none of the session's jobs."""
+    """The suite's own NXPRETRAIN_HOME (unless the gate gave one) and JupyterLab state, no project root from a lab;
+    afterwards the user's job index holds none of the session's jobs."""
     before = len(records(USER_RECORDS))
     saved = {k: os.environ.get(k) for k in ('NXPRETRAIN_HOME', 'NXPRETRAIN_PROJECT')}
     if not os.environ.get('NXPRETRAIN_HOME') or Path(os.environ['NXPRETRAIN_HOME']).resolve() == USER_RECORDS.parent:
         os.environ['NXPRETRAIN_HOME'] = str(tmp_path_factory.mktemp('nxpretrain-home'))
     os.environ.pop('NXPRETRAIN_PROJECT', None)
+    # JupyterLab keeps its open tabs and settings under ~/.jupyter/lab: a test's lab keeps them to itself (a restored
+    # workspace would also reopen the previous test's notebooks, each with a kernel)
+    for var, sub in (('JUPYTERLAB_WORKSPACES_DIR', 'workspaces'), ('JUPYTERLAB_SETTINGS_DIR', 'user-settings')):
+        saved[var] = os.environ.get(var)
+        os.environ[var] = str(tmp_path_factory.mktemp(f'jupyterlab-{sub}'))
     yield Path(os.environ['NXPRETRAIN_HOME'])
     for k, v in saved.items():
         if v is None: os.environ.pop(k, None)

@@ -116,7 +116,7 @@ def kernel_status(d) -> str:
 
 def open_notebook(d, url: str, token: str, name: str):
     "Open notebook `name` in JupyterLab and wait for its cells and an idle kernel (the news prompt dismissed)."
-    d.get(f'{url}/lab/tree/{name}?token={token}')
+    d.get(f'{url}/lab/tree/{name}?reset&token={token}')   # reset: this notebook alone, no tabs of an earlier page
     assert wait_for(lambda: d.find_elements(By.CSS_SELECTOR, '.jp-Notebook .jp-CodeCell .cm-content'), 60), (
         f'{name} did not open'
     )

@@ -31,6 +31,7 @@ def test_second_demo_goes_on_in_its_own_notebook(tmp_path):
     assert images(run / 'train.ipynb') >= 1
     assert 'nxpretrain lab' in first.stdout and f'{run}/train.ipynb' in first.stdout               # what to open next
     assert f'nxpretrain evaluate {run}/checkpoints/step_2' in first.stdout
+    assert f'04_train: done at step 2, run folder {run}' in first.stdout + first.stderr           # papermill's end
 
     again = nxp('demo', '--name', 'r1', '--max-steps', '3', cwd=tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -48,6 +49,29 @@ def test_second_demo_goes_on_in_its_own_notebook(tmp_path):
         ('r1', 'gpt3_tiny', 3, 'step_3', ['train.ipynb', 'train-2.ipynb'])]
     table = nxp('runs', cwd=tmp_path).stdout
     assert re.search(r'^r1\s+gpt3_tiny\s+3\s+\d+\.\d+\s+step_3\s+train-2\.ipynb$', table, re.M), table
+
+
+def test_papermill_in_a_terminal_says_how_it_went_and_links_the_run(tmp_path):
+    """`papermill nbs/04_train.ipynb runs/x.ipynb --log-output` from a clone's nbs/: the step lines, then a closing
+    line with the outcome and the absolute run folder in the clone's runs/; `nxpretrain runs` leads to runs/x.ipynb."""
+    for folder in ('nbs', 'runs'): (tmp_path / folder).mkdir()
+    (tmp_path / 'pyproject.toml').touch()
+    shutil.copy(ROOT / 'nbs/04_train.ipynb', tmp_path / 'nbs')
+    env = {**os.environ, 'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', '')}
+    env.pop('IN_TEST', None)
+    p = subprocess.run([sys.executable, '-m', 'papermill', '04_train.ipynb', '../runs/x.ipynb', '-p', 'max_steps', '2',
+                        '-k', 'python3', '--log-output', '--no-progress-bar'], cwd=tmp_path / 'nbs', env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    said = [line for line in (p.stdout + p.stderr).splitlines()      # what the cells said, papermill's markers apart
+            if line.strip() and not re.match(r'(Executing|Ending) Cell \d+-+$', line)]
+    run = tmp_path.resolve() / 'runs/gpt3_tiny'
+    assert any(re.match(r'step 2/2 \| loss [\d.]+ \| lr ', line) for line in said), said[-30:]
+    assert said[-1] == f'04_train: done at step 2, run folder {run}', said[-10:]
+    assert (run / 'checkpoints').is_dir() and not (tmp_path / 'nbs/runs').exists()
+    listed = json.loads(nxp('runs', '--json', cwd=tmp_path / 'nbs').stdout)
+    assert [(r['run'], r['exit_code'], r['notebooks']) for r in listed] == [
+        ('gpt3_tiny', 0, [str(tmp_path.resolve() / 'runs/x.ipynb')])]
 
 
 def test_lab_serves_localhost_with_its_token_and_stops_its_kernels(tmp_path):
