@@ -5,12 +5,13 @@ brings it to your laptop."""
 
 # %% ../nbs/api/09_lab.ipynb #0f4f0b0a
 from __future__ import annotations
-import getpass, os, secrets, shlex, shutil, socket, subprocess, sys
+import getpass, os, secrets, shlex, shutil, signal, socket, subprocess, sys
 from pathlib import Path
 from .errors import LaunchError
 
 # %% auto #0
-__all__ = ['free_port', 'lab_argv', 'handoff', 'check_jupyterlab', 'lab']
+__all__ = ['PLACEHOLDER_HOST', 'free_port', 'lab_argv', 'reachable_host', 'handoff', 'working_copies',
+           'check_jupyterlab', 'descendants', 'stop_server', 'lab']
 
 # %% ../nbs/api/09_lab.ipynb #a6ce5f1d
 def free_port(start: int = 8888, tries: int = 50) -> int:
@@ -39,13 +40,32 @@ def lab_argv(port: int, token: str, root: str | Path = '.') -> list[str]:
     ]  # containers and CI run as root
 
 # %% ../nbs/api/09_lab.ipynb #e0324882
+PLACEHOLDER_HOST = 'HEAD-NODE'
+
+def reachable_host(names=None) -> str:
+    "This machine's name as others reach it (its FQDN, else its host name), or `PLACEHOLDER_HOST` if it has none."
+    names = names if names is not None else (socket.getfqdn(), socket.gethostname())
+    return next((n for n in names if n and not n.split('.')[0].startswith('localhost')), PLACEHOLDER_HOST)
+
 def handoff(port: int, token: str, host: str | None = None, user: str | None = None, notebook: str = '') -> str:
     "The lines that tell a person how to reach a server on the head node's 127.0.0.1:`port`."
-    host, user = host or socket.getfqdn(), user or getpass.getuser()
+    host, user = host or reachable_host(), user or getpass.getuser()
     url = f"http://localhost:{port}/lab{'/tree/' + notebook if notebook else ''}?token={token}"
-    return '\n'.join([f"JupyterLab on {host}, port {port} (this machine only; Ctrl-C stops it).",
-                      f"On your laptop, forward the port:  ssh -N -L {port}:localhost:{port} {user}@{host}",
-                      f"then open:  {url}"])
+    lines = [f"JupyterLab on {host}, port {port} (this machine only; Ctrl-C stops it and its kernels).",
+             f"On your laptop, forward the port:  ssh -N -L {port}:localhost:{port} {user}@{host}",
+             f"then open:  {url}"]
+    if host == PLACEHOLDER_HOST: lines.insert(2, f"  (replace {host} with the address you ssh to: this machine calls "
+                                                 "itself localhost)")
+    return '\n'.join(lines)
+
+# %% ../nbs/api/09_lab.ipynb #55fcf564
+def working_copies(root='.', user: str = '') -> Path:
+    "The folder of `user`'s working copies of `root`'s stage notebooks (`nbs/0*.ipynb`), missing ones copied in."
+    src, dest = Path(root).resolve() / 'nbs', Path(root).resolve() / 'runs' / 'lab' / (user or getpass.getuser())
+    dest.mkdir(parents=True, exist_ok=True)
+    for nb in sorted(src.glob('0*.ipynb')):
+        if not (dest / nb.name).exists(): shutil.copy2(nb, dest / nb.name)
+    return dest
 
 # %% ../nbs/api/09_lab.ipynb #10da280c
 def check_jupyterlab():
@@ -56,19 +76,64 @@ def check_jupyterlab():
                           "(from the clone), then run nxpretrain lab again")
 
 # %% ../nbs/api/09_lab.ipynb #b67f05b2
+def _children() -> dict[int, list[int]]:
+    "{pid: its child pids} from /proc (Linux)."
+    kids = {}
+    for stat in Path('/proc').glob('[0-9]*/stat'):
+        try: fields = stat.read_text().rsplit(')', 1)[1].split()
+        except OSError: continue
+        kids.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return kids
+
+def descendants(pid: int) -> list[int]:
+    "Every process under `pid`: its children, theirs, …"
+    kids, out, todo = _children(), [], [pid]
+    while todo:
+        new = kids.get(todo.pop(), [])
+        out += new
+        todo += new
+    return out
+
+def stop_server(proc: subprocess.Popen, wait: float = 30) -> list[int]:
+    "Stop JupyterLab `proc` (SIGTERM: it shuts its kernels down), then kill what is left of it; the pids killed."
+    tree = descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    try: proc.wait(wait)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    killed = []
+    for pid in tree:
+        try: os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError: continue
+        killed.append(pid)
+    return killed
+
+# %% ../nbs/api/09_lab.ipynb #295fdc71
 def lab(port: int = 8888,        # first port to try on 127.0.0.1
-        root: str | Path = '.',  # the folder the file browser shows (a clone: its nbs/ and runs/)
+        root: str | Path = '.',  # the project (a clone: its nbs/ and runs/); the file browser shows it
         token: str = '',         # '' makes a fresh one
         start: bool = True):     # False: print the hand-off and return the command, start nothing
     "Start JupyterLab for a head node: localhost only, its token printed, with the ssh line to reach it."
     check_jupyterlab()
     if not Path(root).is_dir(): raise LaunchError(f"{root}: no such folder; give --dir the clone's folder")
-    port, token = free_port(port), token or secrets.token_hex(24)
-    nb = 'nbs/04_train.ipynb' if (Path(root) / 'nbs/04_train.ipynb').exists() else ''
+    port, token, root = free_port(port), token or secrets.token_hex(24), Path(root).resolve()
+    nb = ''
+    if (root / 'nbs/04_train.ipynb').exists():
+        copies = working_copies(root)
+        nb = str((copies / '00_setup.ipynb').relative_to(root))
+        print(f"your working copies of the stage notebooks: {copies} (delete one to get a fresh copy of nbs/)")
     print(handoff(port, token, notebook=nb), flush=True)
     argv = lab_argv(port, token, root)
     if not start:
         print('start it with:', shlex.join(argv))
         return argv
-    try: return subprocess.call(argv)
-    except KeyboardInterrupt: return 0
+    proc = subprocess.Popen(argv, env={**os.environ, 'NXPRETRAIN_PROJECT': str(root)}, start_new_session=True)
+    def _stop(signum, frame): raise KeyboardInterrupt
+    old = signal.signal(signal.SIGTERM, _stop)
+    try: return proc.wait()
+    except KeyboardInterrupt:
+        print('\nstopping JupyterLab and its kernels …', flush=True)
+        stop_server(proc)
+        return 0
+    finally: signal.signal(signal.SIGTERM, old)

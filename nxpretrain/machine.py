@@ -277,6 +277,8 @@ def _devices_text(r: MachineReport) -> str:
 # %% ../nbs/api/03_machine.ipynb #76f4a82d
 def _slurm_text(s: SlurmInfo) -> str:
     if s.version is None: return 'not installed (no sinfo on PATH)' + ('; squeue found' if s.squeue else '')
+    if s.error and 'configuration source' in s.error:     # sinfo's words for a machine outside any cluster
+        return 'installed, but no cluster here: sinfo finds no slurm.conf (not a head node; submit from one)'
     if s.error: return f'sinfo found, but it failed: {s.error}'
     parts = '; '.join(f"{p}: {len(ns)} node{'s' * (len(ns) != 1)} "
                       f"({', '.join(sorted({n['state'] for n in s.nodes if n['partition'] == p}))})"

@@ -5,14 +5,34 @@ starts a new run or takes one further without ever overwriting an executed noteb
 
 # %% ../nbs/api/62_runs.ipynb #0878983a
 from __future__ import annotations
-import json, re, subprocess, sys, time
+import json, os, re, subprocess, sys, time
 from pathlib import Path
 from .errors import RecipeError
 from .train.checkpoint import latest_checkpoint, checkpoint_step
 
 # %% auto #0
-__all__ = ['RUN_FILE', 'new_run_id', 'check_run_name', 'run_info', 'run_index', 'latest_run', 'pick_run',
-           'next_notebook', 'what_next', 'demo']
+__all__ = ['PROJECT_ENV', 'RUN_FILE', 'project_root', 'runs_dir', 'at_project_root', 'new_run_id', 'check_run_name',
+           'run_info', 'run_index', 'latest_run', 'pick_run', 'next_notebook', 'what_next', 'papermill_output',
+           'this_notebook', 'record_notebook', 'stage_next', 'demo']
+
+# %% ../nbs/api/62_runs.ipynb #88e7d8cc
+PROJECT_ENV = 'NXPRETRAIN_PROJECT'
+
+def project_root(start=None) -> Path:
+    "`$NXPRETRAIN_PROJECT`, else the clone (`pyproject.toml` beside `nbs/`) at or above `start` (here), else `start`."
+    if env := os.environ.get(PROJECT_ENV): return Path(env).expanduser().resolve()
+    here = Path(start or os.getcwd()).resolve()
+    return next((d for d in (here, *here.parents) if (d / 'pyproject.toml').is_file() and (d / 'nbs').is_dir()), here)
+
+def runs_dir(path='runs', start=None) -> Path:
+    "`path` (a runs folder, a run folder, a file in one) made absolute: a relative one under the project root."
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else project_root(start) / p
+
+def at_project_root() -> Path:
+    "Make the project root the working directory (a stage notebook's first step), and return it."
+    os.chdir(root := project_root())
+    return root
 
 # %% ../nbs/api/62_runs.ipynb #5d0d962d
 RUN_FILE = 'run.json'
@@ -48,7 +68,7 @@ def run_info(d) -> dict:
     ex = json.loads((d / 'exit_status.json').read_text()) if (d / 'exit_status.json').exists() else {}
     step = max(int(last.get('step', 0)), checkpoint_step(ck) if ck else 0)
     return dict(run=d.name, model=meta.get('model', d.name), step=step, loss=last.get('loss', float('nan')),
-                checkpoint=str(ck) if ck else '', notebooks=_notebooks(d),
+                checkpoint=str(ck) if ck else '', notebooks=_notebooks(d) + meta.get('notebooks', []),
                 exit_code=ex.get('code'), stopped=ex.get('stopped', ''), created=meta.get('created', ''))
 
 # %% ../nbs/api/62_runs.ipynb #40da3eef
@@ -56,8 +76,8 @@ def _is_run(d: Path) -> bool:
     return d.is_dir() and any((d / f).exists() for f in ('steps.jsonl', 'tb', 'checkpoints', RUN_FILE))
 
 def run_index(out_dir='runs') -> list[dict]:
-    "`run_info` of every run under `out_dir`, oldest first."
-    root = Path(out_dir)
+    "`run_info` of every run under `out_dir` (see `runs_dir`), oldest first."
+    root = runs_dir(out_dir)
     dirs = [d for d in root.iterdir() if _is_run(d)] if root.is_dir() else []
     return [run_info(d) for d in sorted(dirs, key=lambda d: (d.stat().st_mtime, d.name))]
 
@@ -72,8 +92,8 @@ def pick_run(model: str, out_dir='runs', name: str = '', max_steps: int = 0) -> 
     if not name:
         run = latest_run(model, out_dir) if max_steps else None
         return (run['run'], True) if run and max_steps > run['step'] else (new_run_id(model), False)
-    if not _is_run(Path(out_dir) / check_run_name(name)): return name, False
-    step = run_info(Path(out_dir) / name)['step']
+    if not _is_run(runs_dir(out_dir) / check_run_name(name)): return name, False
+    step = run_info(runs_dir(out_dir) / name)['step']
     if max_steps <= step:
         raise RecipeError(f"run {name} is already at step {step}: give --max-steps above {step} to train it further, "
                           f"or another --name for a new run")
@@ -103,6 +123,54 @@ def what_next(run: dict) -> str:
         f"  train this run further       nxpretrain demo --name {run['run']} --max-steps {2 * max(run['step'], 1)}",
         f"  all runs                     nxpretrain runs"])
 
+# %% ../nbs/api/62_runs.ipynb #b60ee430
+_PM_VALUES = {'-p': 2, '--parameters': 2, '-r': 2, '--parameters_raw': 2, '-f': 1, '--parameters_file': 1, '-y': 1,
+              '--parameters_yaml': 1, '-b': 1, '--parameters_base64': 1, '-k': 1, '--kernel': 1, '-l': 1,
+              '--language': 1, '--cwd': 1, '--engine': 1, '--execution-timeout': 1, '--start-timeout': 1,
+              '--log-level': 1}
+
+def papermill_output(argv: list[str], cwd='.') -> str:
+    "The output notebook of papermill command line `argv` (absolute, against `cwd`), or '' if it is not papermill's."
+    at = next((i for i, a in enumerate(argv) if Path(a).name == 'papermill'), None)
+    if at is None: return ''
+    rest, positional, i = argv[at + 1:], [], 0
+    while i < len(rest):
+        if rest[i].startswith('-'): i += 1 + _PM_VALUES.get(rest[i], 0)   # an option and its values
+        else:
+            positional.append(rest[i])
+            i += 1
+    return str(Path(cwd, positional[1]).resolve()) if len(positional) > 1 else ''
+
+def this_notebook() -> str:
+    "The notebook this kernel runs, as a path: JupyterLab's, papermill's output, or '' when it cannot tell."
+    if name := os.environ.get('JPY_SESSION_NAME'): return str(runs_dir(name))
+    try:
+        argv = Path(f'/proc/{os.getppid()}/cmdline').read_bytes().decode().split('\0')
+        return papermill_output(argv, os.readlink(f'/proc/{os.getppid()}/cwd'))
+    except OSError: return ''
+
+def record_notebook(run_dir, notebook: str, model: str = ''):
+    "Add `notebook` to the notebooks of run `run_dir` (its `run.json`, made when missing)."
+    f = Path(run_dir) / RUN_FILE
+    meta = json.loads(f.read_text()) if f.exists() else dict(model=Path(model).stem or Path(run_dir).name,
+                                                            created=time.strftime('%Y-%m-%dT%H:%M:%S'))
+    inside = notebook and Path(notebook).parent == Path(run_dir).resolve()   # listed already: train*.ipynb
+    if notebook and not inside and notebook not in meta.setdefault('notebooks', []): meta['notebooks'].append(notebook)
+    f.write_text(json.dumps(meta))
+
+# %% ../nbs/api/62_runs.ipynb #0c70a1e9
+def stage_next(notebook: str, why: str, outcome: str = '', **params) -> str:
+    """The closing 'Next:' lines of a stage: open `notebook` (e.g. '05_monitor') in the lab, or run it with papermill;
+    then the stage's `outcome` in one line, the last a terminal shows."""
+    import shlex
+    args = ''.join(f" -p {k} {shlex.quote(str(v))}" for k, v in params.items())
+    lab = f"set {', '.join(f'{k} = {v!r}' for k, v in params.items())}, " if params else ''
+    name = notebook.split('_', 1)[-1]
+    return '\n'.join([f"Next: {notebook} – {why}",
+                      f"  in JupyterLab   open {notebook}.ipynb beside this notebook, {lab}Run All",
+                      f"  in a terminal   cd {shlex.quote(str(project_root()))} && papermill nbs/{notebook}.ipynb "
+                      f"runs/{name}.ipynb{args} --log-output", *([outcome] if outcome else [])])
+
 # %% ../nbs/api/62_runs.ipynb #6967127b
 def demo(model: str = 'gpt3_tiny', out_dir: str = 'runs', name: str = '', max_steps: int = 0) -> int:
     "Run the 04_train stage notebook for `model` into a run folder of its own; papermill's exit status."
@@ -111,6 +179,7 @@ def demo(model: str = 'gpt3_tiny', out_dir: str = 'runs', name: str = '', max_st
         raise RecipeError(f"{nb}: the stage notebooks come with a source checkout; run from a clone of the repository")
     from nxpretrain.stages import load_recipe
     load_recipe(model, max_steps=max_steps or None)            # a bad recipe or step count: one line, nothing written
+    out_dir = str(runs_dir(out_dir))
     run_id, resuming = pick_run(model, out_dir, name, max_steps)
     d = Path(out_dir) / run_id
     d.mkdir(parents=True, exist_ok=True)

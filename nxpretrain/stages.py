@@ -14,9 +14,11 @@ from .errors import RecipeError
 from .clusters import profile
 from .plan import plan, Plan
 from .errors import LaunchError, TrainingError
+from .runs import runs_dir
 
 # %% auto #0
-__all__ = ['load_recipe', 'where_to_train', 'Folded', 'job_summary', 'train_stage', 'one_line_errors']
+__all__ = ['load_recipe', 'where_to_train', 'Folded', 'job_summary', 'train_stage', 'visible', 'logged_steps',
+           'one_line_errors']
 
 # %% ../nbs/api/07_stages.ipynb #9d6cb3ca
 def load_recipe(model: str, overrides=(), max_steps: int | None = None, world: int | None = None) -> Recipe:
@@ -75,6 +77,18 @@ def _show_job(job, show, verb: str):
         show(Folded(title, node_script.read_text()))
 
 # %% ../nbs/api/07_stages.ipynb #5eff045e
+def _recorded(res, model: str):
+    "Write the outcome of in-process training result `res` into its run folder, with the notebook that ran it."
+    import json, time
+    from nxpretrain.train.entry import EXIT_STATUS_FILE
+    from nxpretrain.runs import record_notebook, this_notebook
+    outcome = dict(code=res.exit_code, stopped=res.stopped, step=res.final_step, checkpoint=res.last_checkpoint,
+                   time=time.time())
+    Path(res.out_dir, EXIT_STATUS_FILE).write_text(json.dumps(outcome))
+    record_notebook(res.out_dir, this_notebook(), model)
+    return res
+
+# %% ../nbs/api/07_stages.ipynb #43a79d36
 def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 cluster: str = '',         # profile/partition to submit to (its scheduler's launcher); '' = none
                 overrides=(),              # dotted overrides, e.g. ['optim.lr=1e-3']
@@ -98,8 +112,8 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     from nxpretrain.engines.base import engine_of
     from nxpretrain.launch.launcher import get_launcher
     engine = engine_of(r)
-    if action == 'local' and engine.in_process: return engine.train(r, out_dir)
-    where = (Path(out_dir) / 'jobs' / r.name).absolute()   # the job runs from its own folder
+    if action == 'local' and engine.in_process: return _recorded(engine.train(r, str(runs_dir(out_dir))), model)
+    where = runs_dir(out_dir) / 'jobs' / r.name   # the job runs from its own folder
     # the engine's job (a framework that compiles ahead of time: compile first, 03_compile); checks the recipe against
     # the cluster and quotes every value
     on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
@@ -122,6 +136,22 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     if job_id is not None or action == 'stop': return job_id if job_id is not None else job
     print(f"\nthe {job.scheduler} answer (nothing submitted): {get_launcher(job.scheduler).check(job)}")
     return job
+
+# %% ../nbs/api/07_stages.ipynb #be8d0433
+def visible(text: str, max_lines: int = 6) -> str:
+    "`text` with its line breaks shown (⏎, a run of them ⏎×N) and cut to `max_lines` lines."
+    import re
+    out = re.sub(r'\n{2,}', lambda m: f"⏎×{len(m.group())}\n", text)
+    out = re.sub(r'(?<!\d)\n', '⏎\n', out)
+    lines = out.splitlines()
+    more = [f"… {len(lines) - max_lines} more lines"] if len(lines) > max_lines else []
+    return '\n'.join(lines[:max_lines] + more)
+
+# %% ../nbs/api/07_stages.ipynb #2e9e04d9
+def logged_steps(table, rows: int = 10):
+    "The last `rows` steps of metrics `table` (one row per step) that logged more than loss and lr, numbers formatted."
+    full = table.notna().sum(axis=1) > min(2, table.shape[1] - 1)
+    return table.ffill()[full].tail(rows).map(lambda v: f"{v:,.4g}")
 
 # %% ../nbs/api/07_stages.ipynb #b56db6c6
 def _one_line(shell, etype, evalue, tb, tb_offset=None) -> list[str]:

@@ -357,7 +357,9 @@ def execute_stages(sources: list[Path], log=print) -> dict[Path, Path]:
         for old in EXEC.glob('stages-*'): shutil.rmtree(old, ignore_errors=True)
         work = dest / 'work'
         work.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, NXPRETRAIN_HOME=str(work / 'home'), NXPRETRAIN_DATA=str(work / 'runs' / 'data'))
+        # the work folder is the stages' project: their runs/ go there, not into the clone's (nxpretrain.runs)
+        env = dict(os.environ, NXPRETRAIN_HOME=str(work / 'home'), NXPRETRAIN_DATA=str(work / 'runs' / 'data'),
+                   NXPRETRAIN_PROJECT=str(work))
         env.pop('IN_TEST', None)
         def run(src: Path, out: Path, params: dict):
             t, saved = time.perf_counter(), dict(os.environ)

@@ -49,7 +49,8 @@ class ProgressView:
 
     def __repr__(self):
         when = 'done' if self.step >= self.total else f"ETA {_clock(self.eta_s)}" if self.eta_s is not None else 'ETA ?'
-        return (f"step {self.step}/{self.total} | loss {self.loss:.4f} | {self.tokens_per_s:,.0f} tokens/s | "
+        loss = f"{self.loss:.4f}" if math.isfinite(self.loss) else '–'   # none yet, or a run with nothing to train
+        return (f"step {self.step}/{self.total} | loss {loss} | {self.tokens_per_s:,.0f} tokens/s | "
                 f"elapsed {_clock(self.elapsed_s)} | {when}")
 
     def _repr_html_(self):
