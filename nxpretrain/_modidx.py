@@ -14,6 +14,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'nxpretrain.cli._cancel': ('api/cli.html#_cancel', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._checkpoint_commands': ('api/cli.html#_checkpoint_commands', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._compile': ('api/cli.html#_compile', 'nxpretrain/cli.py'),
+                                'nxpretrain.cli._convert': ('api/cli.html#_convert', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._demo': ('api/cli.html#_demo', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._evaluate': ('api/cli.html#_evaluate', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._export_hf': ('api/cli.html#_export_hf', 'nxpretrain/cli.py'),
