@@ -18,7 +18,8 @@ SEQ = 16
 GPT = ModelConfig(arch='gpt', n_layers=2, hidden=64, n_heads=4, vocab_size=100, seq_len=SEQ,
                   make_vocab_size_divisible_by=64)
 LLAMA = ModelConfig(arch='llama', n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab_size=100,
-                    seq_len=SEQ, rope_theta=500000.0, tie_embeddings=False, make_vocab_size_divisible_by=64, norm_eps=1e-5)
+                    seq_len=SEQ, rope_theta=500000.0, tie_embeddings=False, make_vocab_size_divisible_by=64,
+                    norm_eps=1e-5)
 # name → (model, TP of the conversion, tied)
 CASES = {'gpt_tp1': (GPT, 1), 'gpt_untied_tp2': (ModelConfig(**{**vars(GPT), 'tie_embeddings': False}), 2),
          'llama_tp1': (LLAMA, 1), 'llama_tp2': (LLAMA, 2)}
@@ -92,7 +93,7 @@ def load_and_save(out: str, world: int):
         model = megatron_model(cfg, megatron_vocab(cfg, tp), tp)
         state = dist_checkpointing.load(model.sharded_state_dict(), str(Path(out) / name / 'release'),
                                         strict=StrictHandling.RAISE_ALL)
-        common = {k: state.pop(k) for k in ('args', 'checkpoint_version', 'iteration')}   # common.pt's, as Megatron-LM's
+        common = {k: state.pop(k) for k in ('args', 'checkpoint_version', 'iteration')}   # common.pt's
         assert common['args'].tensor_model_parallel_size == tp and common['checkpoint_version'] == 3.0
         model.load_state_dict(state, strict=True)
         logits[name] = megatron_logits(model, cfg.vocab_size, tp)
@@ -103,7 +104,8 @@ def load_and_save(out: str, world: int):
         for n, p in model.named_parameters():
             sharded = getattr(p, 'tensor_model_parallel', False)
             g = torch.Generator().manual_seed(zlib.crc32(n.encode()) + (7919 * rank if sharded else 0))
-            p.data.copy_(torch.randn(p.shape, generator=g) * (0.05 if 'norm' in n else 0.15) + (1 if 'norm' in n else 0))
+            norm = 'norm' in n
+            p.data.copy_(torch.randn(p.shape, generator=g) * (0.05 if norm else 0.15) + (1 if norm else 0))
         logits[name] = megatron_logits(model, cfg.vocab_size, tp)
         args = argparse.Namespace(**vars(megatron_args(cfg, tp, 1)), attention_backend=AttnBackend.auto,
                                   params_dtype=torch.float32, tokenizer_type='NullTokenizer')
