@@ -16,9 +16,9 @@ from .megatron_args import (megatron_facts, read_common, megatron_model_config, 
 from .source import ModelSource, model_names
 
 # %% auto #0
-__all__ = ['TRACKER', 'megatron_pairs', 'megatron_vocab', 'part_of', 'fused', 'save_folder', 'recipe_beside',
-           'read_megatron', 'megatron_take', 'megatron_args', 'megatron_items', 'src_shape', 'write_megatron',
-           'MegatronPlanner', 'extra_state_keys']
+__all__ = ['TRACKER', 'megatron_pairs', 'megatron_vocab', 'part_of', 'fused', 'save_folder', 'read_megatron',
+           'megatron_take', 'megatron_args', 'megatron_items', 'src_shape', 'write_megatron', 'MegatronPlanner',
+           'extra_state_keys']
 
 # %% ../../nbs/api/48b_megatron_format.ipynb #a963bc22
 _LAYER = re.compile(r'^decoder\.layers\.(\d+)\.')
@@ -74,21 +74,10 @@ def save_folder(path) -> Path:
         raise CheckpointError(f"{p / TRACKER}: {text!r} is neither an iteration nor 'release'; pass a save folder")
     return p / f'iter_{int(text):07d}'
 
-def recipe_beside(save: Path) -> Path | None:
-    """The `recipe.yaml` of the run that wrote `save`: in the save, its checkpoints folder, its run folder, or OUT when
-    the run folder is `OUT/<recipe name>`; never further up."""
-    save = Path(save).resolve()
-    near = [save, save.parent] + ([save.parent.parent] if save.parent.name == 'checkpoints' else [])
-    for folder in near:
-        if (f := folder / 'recipe.yaml').is_file(): return f
-    run = near[-1]
-    if (f := run.parent / 'recipe.yaml').is_file() and from_yaml(f).name == run.name: return f
-    return None
-
 # %% ../../nbs/api/48b_megatron_format.ipynb #f8759d1f
 def read_megatron(path, recipe: Recipe | None = None) -> ModelSource:
     "The model of the Megatron-LM torch_dist save at `path` (a save, checkpoints or run folder), read from its args."
-    from nxpretrain.launch.megatron_checkpoint import check_torch_dist, check_storage_files
+    from nxpretrain.launch.megatron_checkpoint import check_torch_dist, check_storage_files, recipe_beside
     from nxpretrain.train.checkpoint import safe_reader
     d = save_folder(path)
     check_torch_dist(d)
