@@ -8,7 +8,7 @@ checkpoint."""
 from __future__ import annotations
 import dataclasses, os
 from pathlib import Path
-from ..config import Recipe
+from ..config import DataConfig, Recipe
 from ..models.args import padded_vocab
 from ..errors import CheckpointError, RecipeError
 from .megatron_args import check_model
@@ -125,11 +125,13 @@ def write_native(src: ModelSource, out, tp: int = 1, pp: int = 1) -> Path:
             t = src.take('tok_embeddings.weight' if key == 'output.weight' and cfg.tie_embeddings else key)
             return pad_rows(t, template[key].shape[0]).to(template[key].dtype).contiguous()
     template = {k: v.to(dtype) for k, v in template.items()}
-    r = src.recipe or Recipe(name=Path(src.where).name, model=cfg)
+    # a checkpoint with no run (an HF folder, Megatron-LM args) names no corpus: the recipe says synthetic, no tokenizer
+    r = src.recipe or Recipe(name=Path(src.where).name, model=cfg, data=DataConfig(corpus='synthetic'))
     r = dataclasses.replace(r, model=cfg, parallel=dataclasses.replace(r.parallel, tp=tp, pp=pp))
-    Checkpointer(out, keep_last=0, log=lambda *a: None).save(
-        0, {'model': template}, dict(step=0, consumed_samples=0, source=src.where, recipe=to_dict(r)),
-        planner=ReadWhenWritten())
+    ck = Checkpointer(out, keep_last=0, log=lambda *a: None)
+    ck.save(0, {'model': template}, dict(step=0, consumed_samples=0, source=src.where, recipe=to_dict(r)),
+            planner=ReadWhenWritten())
+    ck.wait()                                          # its pruning thread is done before the folder is renamed
     to_yaml(r, out / 'recipe.yaml')
     return out / 'step_0'
 
