@@ -199,8 +199,8 @@ def _export_hf(a):
 
 def _convert(a):
     from nxpretrain.convert.convert import convert
-    print(convert(a.src, a.to, a.out, a.tp, a.pp, data_root=a.data_dir,
-                  nxd_layout=dict(hw_backend=a.hw_backend, xser=not a.no_xser) if a.to == 'nxdt' else None))
+    layout = dict(hw_backend=a.hw_backend, xser=not a.no_xser, kv_multiplier=a.kv_multiplier, fuse_qkv=a.fuse_qkv)
+    print(convert(a.src, a.to, a.out, a.tp, a.pp, data_root=a.data_dir, nxd_layout=layout if a.to == 'nxdt' else None))
 
 def _import_hf(a):
     from nxpretrain.train.hf import import_hf
@@ -289,6 +289,10 @@ def _checkpoint_commands(cmd):
     p.add_argument('--hw-backend', default='trn1', choices=('trn1', 'trn2'), help="--to nxdt: whose Q-head order "
                                                                                  "(default trn1)")
     p.add_argument('--no-xser', action='store_true', help='--to nxdt: plain torch.save files instead of xser')
+    p.add_argument('--kv-multiplier', type=int, default=None, help="--to nxdt: K/V replication (NxD's "
+                                                                    "kv_size_multiplier; default: as TP needs)")
+    p.add_argument('--fuse-qkv', action='store_true', help="--to nxdt: one qkv_proj.weight_qkv per rank (NxDT's "
+                                                           "fuse_qkv)")
 
 # %% ../nbs/api/08_cli.ipynb #357626c5
 def _run_commands(cmd):

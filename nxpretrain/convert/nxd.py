@@ -60,7 +60,7 @@ def _heads(t, heads, head_dim: int, dim: int = 0):
     import torch
     return torch.cat([t.narrow(dim, h * head_dim, head_dim) for h in heads], dim)
 
-def rank_state(src: ModelSource, tp: int, pp: int, r: int, s: int, m: int, hw: str) -> dict:
+def rank_state(src: ModelSource, tp: int, pp: int, r: int, s: int, m: int, hw: str, fuse_qkv: bool = False) -> dict:
     "NxD's state dict of TP rank `r` of stage `s` (HF-style names), made from `src` one tensor at a time."
     import torch
     from nxpretrain.models.hf_mapping import pad_rows
@@ -75,6 +75,9 @@ def rank_state(src: ModelSource, tp: int, pp: int, r: int, s: int, m: int, hw: s
         out[p + 'self_attn.qkv_proj.weight_q'] = _heads(take(ours + 'attention.wq.weight'), qs, hd)
         out[p + 'self_attn.qkv_proj.weight_k'] = _heads(take(ours + 'attention.wk.weight'), kvs, hd)
         out[p + 'self_attn.qkv_proj.weight_v'] = _heads(take(ours + 'attention.wv.weight'), kvs, hd)
+        if fuse_qkv:                                  # NxDT's fuse_qkv: one tensor per rank, its q, k, v rows
+            out[p + 'self_attn.qkv_proj.weight_qkv'] = torch.cat([out.pop(p + f'self_attn.qkv_proj.weight_{x}')
+                                                                  for x in 'qkv'])
         out[p + 'self_attn.o_proj.weight'] = _heads(take(ours + 'attention.wo.weight'), qs, hd, 1)
         out[p + 'post_attention_layernorm.weight'] = take(ours + 'ffn_norm.weight')
         gate, up = split(take(ours + 'mlp.w1.weight')), split(take(ours + 'mlp.w3.weight'))
@@ -155,8 +158,9 @@ class LazyTensors(dict):
 
 # %% ../../nbs/api/48c_nxd_format.ipynb #f0faaa2f
 def write_nxd(src: ModelSource, out, tp: int = 1, pp: int = 1, kv_multiplier: int | None = None,
-              hw_backend: str = 'trn1', xser: bool = True) -> Path:
-    "Write `src` (a Llama) as an NxD checkpoint in folder `out` at (`tp`, `pp`), one rank's file at a time."
+              hw_backend: str = 'trn1', xser: bool = True, fuse_qkv: bool = False) -> Path:
+    """Write `src` (a Llama) as an NxD checkpoint in folder `out` at (`tp`, `pp`), one rank's file at a time; K/V
+    replicated `kv_multiplier` times (default: as TP needs), Q in `hw_backend`'s order, `fuse_qkv` as NxDT's option."""
     from nxpretrain.models.hf_mapping import to_hf_config
     cfg, out = src.cfg, Path(out)
     if cfg.arch != 'llama':
@@ -169,11 +173,12 @@ def write_nxd(src: ModelSource, out, tp: int = 1, pp: int = 1, kv_multiplier: in
     for s in range(pp):
         for r in range(tp):
             f = out / 'model' / f'dp_rank_00_tp_rank_{r:02d}_pp_rank_{s:02d}.pt'
-            save_rank(rank_state(src, tp, pp, r, s, m, hw_backend), f, xser)
+            save_rank(rank_state(src, tp, pp, r, s, m, hw_backend, fuse_qkv), f, xser)
     hf = to_hf_config(cfg)
     hf.architectures = ['LlamaForCausalLM']
     hf.to_json_file(str(out / 'config.json'))
-    layout = dict(tp=tp, pp=pp, kv_size_multiplier=m, hw_backend=hw_backend, xser=xser, vocab_size=cfg.vocab_size,
+    layout = dict(tp=tp, pp=pp, kv_size_multiplier=m, hw_backend=hw_backend, xser=xser, fuse_qkv=fuse_qkv,
+                  vocab_size=cfg.vocab_size,
                   make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by)
     (out / LAYOUT_FILE).write_text(json.dumps(layout, indent=1) + '\n')
     (out / 'done').write_text('1')
@@ -217,14 +222,23 @@ def read_nxd(path, recipe=None, hw_backend: str | None = None) -> ModelSource:
     tp, pp = 1 + max(r for r, _ in ranks), 1 + max(s for _, s in ranks)
     states = {k: load_rank(f) for k, f in sorted(ranks.items())}
     hd = cfg.head_dim
-    k_rows = states[(0, stage_of(cfg, pp, 0))]['model.layers.0.self_attn.qkv_proj.weight_k'].shape[0]
+    first = states[(0, stage_of(cfg, pp, 0))]
+    fused_qkv = 'model.layers.0.self_attn.qkv_proj.weight_qkv' in first
+    k_rows = ((first['model.layers.0.self_attn.qkv_proj.weight_qkv'].shape[0] - cfg.n_heads * hd // tp) // 2
+              if fused_qkv else first['model.layers.0.self_attn.qkv_proj.weight_k'].shape[0])
     m = k_rows * tp // (cfg.kv_heads * hd)
     hw = hw_backend or layout.get('hw_backend')
     if hw is None and m > 1:
         raise CheckpointError(f"{tag}: K/V replicated {m}× and no {LAYOUT_FILE}: say whether trn1 or trn2 wrote it "
                               "(hw_backend=)")
     qs, kvs = q_heads_of_rank(cfg, tp, m, hw or 'trn1'), kv_heads_of_rank(cfg, tp, m)
-    def shards(key, s): return [states[(r, s)][key] for r in range(tp)]
+    def shards(key, s):
+        if fused_qkv and '.qkv_proj.weight_' in key:   # q, k, v rows of each rank's fused tensor
+            rows = dict(q=(0, cfg.n_heads * hd // tp), k=(cfg.n_heads * hd // tp, k_rows))
+            rows['v'] = (rows['k'][0] + k_rows, k_rows)
+            start, n = rows[key[-1]]
+            return [states[(r, s)][key[:-1] + 'qkv'].narrow(0, start, n) for r in range(tp)]
+        return [states[(r, s)][key] for r in range(tp)]
     def place(parts, heads, n_heads, dim=0):
         whole = [None] * n_heads
         for t, hs in zip(parts, heads):
