@@ -1988,6 +1988,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'nxpretrain.stages.Folded.__init__': ('api/stages.html#folded.__init__', 'nxpretrain/stages.py'),
                                    'nxpretrain.stages.Folded.__str__': ('api/stages.html#folded.__str__', 'nxpretrain/stages.py'),
                                    'nxpretrain.stages.Folded._repr_html_': ('api/stages.html#folded._repr_html_', 'nxpretrain/stages.py'),
+                                   'nxpretrain.stages._init_options': ('api/stages.html#_init_options', 'nxpretrain/stages.py'),
                                    'nxpretrain.stages._one_line': ('api/stages.html#_one_line', 'nxpretrain/stages.py'),
                                    'nxpretrain.stages._show_job': ('api/stages.html#_show_job', 'nxpretrain/stages.py'),
                                    'nxpretrain.stages.job_summary': ('api/stages.html#job_summary', 'nxpretrain/stages.py'),

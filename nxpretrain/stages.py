@@ -82,9 +82,12 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 out_dir: str = 'runs',     # where logs, TensorBoard events and checkpoints go
                 show=print,                # how to show the plan (display in notebooks)
                 dry_run: bool = False,     # plan and write the job, train and submit nothing
-                test_only: bool = False):  # ask the scheduler when the job would start, submit nothing
+                test_only: bool = False,   # ask the scheduler when the job would start, submit nothing
+                init_from: str = ''):      # an HF model folder to continue pretraining from (converted for the job)
     """Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop; the job is the one its
     engine writes (nxpretrain's trainer, NxD Training, Megatron-LM)."""
+    init_from = init_from or next((o.split('=', 1)[1] for o in overrides if o.startswith('init_from=')), '')
+    overrides = [o for o in overrides if not o.startswith('init_from=')]
     r = load_recipe(model, overrides, max_steps)
     action, reason = where_to_train(r, cluster)
     if action == 'submit' and not dry_run:            # our one line, before the scheduler's own words
@@ -105,6 +108,7 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     # the cluster and quotes every value
     on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
     options = {'scheduler': 'local'} if on_this_machine else {}
+    if init_from: options.update(_init_options(r, init_from, where, convert_now=not dry_run))
     job = engine_of(r).export(r, where, cluster or None, **options)['train']
     if on_this_machine:
         from nxpretrain.launch.local import run_local
@@ -121,6 +125,16 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     if job_id is not None or action == 'stop': return job_id if job_id is not None else job
     print(f"\nthe {job.scheduler} answer (nothing submitted): {get_launcher(job.scheduler).check(job)}")
     return job
+
+# %% ../nbs/api/07_stages.ipynb #6de412cf
+def _init_options(r, hf_dir: str, job_dir: Path, convert_now: bool) -> dict:
+    "The export options that start `r`'s job from the HF weights of `hf_dir`, converted once for it (unless a dry run)."
+    from nxpretrain.convert.init_from import prepare_init_from
+    if r.engine != 'nxdt':
+        raise RecipeError(f"init_from with engine={r.engine}: only NxD Training jobs start from converted weights yet; "
+                          f"convert them with `nxpretrain convert {hf_dir} --to {r.engine} --out DIR`")
+    folder = prepare_init_from(r, hf_dir, job_dir, convert_now)
+    return dict(init_from=str(folder), init_from_hf=str(Path(hf_dir).absolute()))
 
 # %% ../nbs/api/07_stages.ipynb #b56db6c6
 def _one_line(shell, etype, evalue, tb, tb_offset=None) -> list[str]:

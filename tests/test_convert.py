@@ -109,3 +109,43 @@ def test_a_failed_conversion_leaves_nothing(tmp_path):
     assert '\n' not in p.stderr.strip() and 'runs/data/gpt2' in p.stderr, p.stderr
     assert sorted(q.name for q in tmp_path.iterdir()) == ['gpt2', 'hf', 'runs']
     with pytest.raises(NxpError, match='exists'): convert(hf, 'native', tmp_path / 'runs' / 'native')
+
+
+def test_continual_pretraining_job_starts_from_converted_weights_with_no_placeholder(tmp_path):
+    "`nxpretrain train llama3_70b init_from=HF_DIR --dry-run`: the job starts from the folder one named command fills."
+    import yaml
+    from nxpretrain.models.hf_mapping import to_hf_config
+    from nxpretrain.recipes import get_recipe
+    hf = tmp_path / 'Meta-Llama-3-70B'
+    hf.mkdir()
+    to_hf_config(get_recipe('llama3_70b').model).to_json_file(str(hf / 'config.json'))
+    argv = ['train', 'llama3_70b', f'init_from={hf}', '--dry-run', '--out', str(tmp_path / 'runs')]
+    p = subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main({argv!r})"], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path, env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    job = tmp_path / 'runs' / 'jobs' / 'llama3_70b'
+    init = job / 'init' / 'Meta-Llama-3-70B-nxdt-tp32-pp8'
+    conf = yaml.safe_load(next((job / 'conf').glob('*.yaml')).read_text())
+    assert conf['exp_manager']['resume_from_checkpoint'] == str(init) and conf['model']['weight_init_only'] is True
+    script = (job / 'train.sh').read_text()
+    assert 'HF_MODEL_ID' not in script and 'HF_MODEL_ID' not in p.stdout
+    assert (f'nxpretrain convert {hf} --to nxdt --out {init} --tp 32 --pp 8 --hw-backend trn1 --kv-multiplier 4 '
+            '--fuse-qkv') in script
+    assert not init.exists()                                         # a dry run converts nothing
+
+
+def test_init_from_converts_once_in_the_jobs_layout(tmp_path):
+    from nxpretrain.convert.init_from import prepare_init_from
+    from nxpretrain.recipes import get_recipe
+    hf = hf_folder(LLAMA, tmp_path / 'hf')
+    r = get_recipe('llama3_tiny', 'engine=nxdt', 'cluster.profile=trn1.32xlarge', 'parallel.tp=4', 'parallel.pp=1',
+                   'parallel.kv_replicator=2', 'model.n_layers=3', 'model.hidden=32', 'model.n_heads=8',
+                   'model.n_kv_heads=2', 'model.ffn_hidden=40', 'model.vocab_size=100', 'model.seq_len=16',
+                   'model.tie_embeddings=false', 'model.make_vocab_size_divisible_by=16', 'model.rope_theta=10000',
+                   'model.norm_eps=1e-5')
+    folder = prepare_init_from(r, hf, tmp_path / 'job')
+    assert (folder / 'done').is_file() and (folder / 'model' / 'dp_rank_00_tp_rank_03_pp_rank_00.pt.tensors').is_dir()
+    mtime = (folder / 'done').stat().st_mtime
+    assert prepare_init_from(r, hf, tmp_path / 'job') == folder and (folder / 'done').stat().st_mtime == mtime
+    convert(folder, 'hf', tmp_path / 'back')
+    same_hf(hf, tmp_path / 'back')

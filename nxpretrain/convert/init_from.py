@@ -44,8 +44,16 @@ def init_from_command(r: Recipe, hf_dir, folder) -> str:
 # %% ../../nbs/api/48e_init_from.ipynb #3f9479e7
 def prepare_init_from(r: Recipe, hf_dir, job_dir, convert_now: bool = True) -> Path:
     "The folder `r`'s job starts from: `hf_dir` converted for it (now, or by the command its job names)."
+    import dataclasses, json
     from nxpretrain.convert.convert import read_hf, convert
-    read_hf(hf_dir, r)                                 # the recipe's model is the HF folder's, or one line says why not
+    from nxpretrain.convert.megatron_args import check_model
+    from nxpretrain.models.hf_mapping import from_hf_config
+    config = Path(hf_dir) / 'config.json'
+    if not config.is_file(): raise RecipeError(f"init_from={hf_dir}: no config.json; give a Hugging Face model folder")
+    saved = from_hf_config(json.loads(config.read_text()))     # the recipe's model is the HF folder's, or one line
+    saved = dataclasses.replace(saved, make_vocab_size_divisible_by=r.model.make_vocab_size_divisible_by)
+    check_model(saved, r.model, config, f"recipe {r.name}")
+    if convert_now: read_hf(hf_dir, r)                # every tensor there, at its shape (nothing read yet)
     folder = init_from_folder(r, hf_dir, job_dir)
     if convert_now and not folder.exists():
         layout = nxd_layout(r) if r.engine == 'nxdt' else None
