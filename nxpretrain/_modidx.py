@@ -801,6 +801,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'nxpretrain/launch/megatron.py'),
                                             'nxpretrain.launch.megatron.flag_lines': ( 'api/megatron.html#flag_lines',
                                                                                        'nxpretrain/launch/megatron.py'),
+                                            'nxpretrain.launch.megatron.hf_tokenizer_dir': ( 'api/megatron.html#hf_tokenizer_dir',
+                                                                                             'nxpretrain/launch/megatron.py'),
                                             'nxpretrain.launch.megatron.io_flags': ( 'api/megatron.html#io_flags',
                                                                                      'nxpretrain/launch/megatron.py'),
                                             'nxpretrain.launch.megatron.layout_flags': ( 'api/megatron.html#layout_flags',

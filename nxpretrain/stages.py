@@ -130,9 +130,9 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
 def _init_options(r, hf_dir: str, job_dir: Path, convert_now: bool) -> dict:
     "The export options that start `r`'s job from the HF weights of `hf_dir`, converted once for it (unless a dry run)."
     from nxpretrain.convert.init_from import prepare_init_from
-    if r.engine != 'nxdt':
-        raise RecipeError(f"init_from with engine={r.engine}: only NxD Training jobs start from converted weights yet; "
-                          f"convert them with `nxpretrain convert {hf_dir} --to {r.engine} --out DIR`")
+    if r.engine not in ('nxdt', 'megatron'):
+        raise RecipeError(f"init_from with engine={r.engine}: NxD Training and Megatron-LM jobs start from converted "
+                          f"weights; for nxpretrain's own, `nxpretrain convert {hf_dir} --to native --out DIR`")
     folder = prepare_init_from(r, hf_dir, job_dir, convert_now)
     return dict(init_from=str(folder), init_from_hf=str(Path(hf_dir).absolute()))
 

@@ -149,3 +149,43 @@ def test_init_from_converts_once_in_the_jobs_layout(tmp_path):
     assert prepare_init_from(r, hf, tmp_path / 'job') == folder and (folder / 'done').stat().st_mtime == mtime
     convert(folder, 'hf', tmp_path / 'back')
     same_hf(hf, tmp_path / 'back')
+
+
+def test_a_llama_recipe_on_megatron_lm_passes_the_contract(tmp_path):
+    "engine=megatron with arch=llama: Megatron-LM's SwiGLU, RMSNorm, GQA and RoPE flags pass the contract replay."
+    from nxpretrain.launch.engine import engine_of
+    from nxpretrain.launch.megatron import export_megatron
+    from nxpretrain.launch.megatron_contract import read_flags
+    from nxpretrain.recipes import get_recipe
+    r = get_recipe('llama3_8b', 'engine=megatron', 'cluster.profile=p5.48xlarge')
+    jobs = export_megatron(r, tmp_path / 'job', None, (), data_root=str(tmp_path / 'data'),
+                           megatron_lm=str(tmp_path / 'Megatron-LM'))
+    assert engine_of(r).check(jobs) == []
+    flags = read_flags(tmp_path / 'job' / 'megatron.args')
+    assert flags['num-query-groups'] == ['8'] and flags['normalization'] == ['RMSNorm'] and 'swiglu' in flags
+    assert flags['position-embedding-type'] == ['rope'] and flags['rotary-base'] == ['500000']
+    assert flags['tokenizer-type'] == ['HuggingFaceTokenizer'] and 'disable-bias-linear' in flags
+
+
+def test_a_megatron_lm_job_starts_from_converted_weights(tmp_path):
+    "init_from on Megatron-LM: the HF weights converted into a release save, named by --pretrained-checkpoint."
+    from nxpretrain.convert.init_from import prepare_init_from
+    from nxpretrain.launch.engine import engine_of
+    from nxpretrain.launch.megatron import export_megatron
+    from nxpretrain.launch.megatron_contract import read_flags
+    from nxpretrain.recipes import get_recipe
+    hf = hf_folder(LLAMA, tmp_path / 'hf')
+    r = get_recipe('llama3_8b', 'engine=megatron', 'cluster.profile=p5.48xlarge', 'parallel.tp=2', 'parallel.pp=1',
+                   'parallel.kv_replicator=1', 'model.n_layers=3', 'model.hidden=32', 'model.n_heads=8',
+                   'model.n_kv_heads=2', 'model.ffn_hidden=40', 'model.vocab_size=100', 'model.seq_len=16',
+                   'model.tie_embeddings=false', 'model.make_vocab_size_divisible_by=16', 'model.rope_theta=10000',
+                   'model.norm_eps=1e-5', 'cluster.nodes=1', 'data.global_batch=64', 'data.micro_batch=1')
+    folder = prepare_init_from(r, hf, tmp_path / 'job')
+    assert (folder / 'latest_checkpointed_iteration.txt').read_text() == 'release'
+    jobs = export_megatron(r, tmp_path / 'job', None, (), data_root=str(tmp_path / 'data'),
+                           megatron_lm=str(tmp_path / 'Megatron-LM'), init_from=str(folder), init_from_hf=str(hf))
+    assert engine_of(r).check(jobs) == []
+    assert read_flags(tmp_path / 'job' / 'megatron.args')['pretrained-checkpoint'] == [str(folder)]
+    assert f'nxpretrain convert {hf} --to megatron --out {folder} --tp 2 --pp 1' in jobs['train'].script
+    convert(folder, 'hf', tmp_path / 'back')
+    same_hf(hf, tmp_path / 'back')

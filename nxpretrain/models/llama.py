@@ -100,4 +100,5 @@ LLAMA_FAMILY = register_family(ModelFamily(
     tp_plan={'attention.wq': 'colwise', 'attention.wk': 'colwise', 'attention.wv': 'colwise', 'attention.wo': 'rowwise',
              'mlp.w1': 'colwise', 'mlp.w3': 'colwise', 'mlp.w2': 'rowwise'},
     rope=True, norm_keeps=2, hf=LLAMA_HF, nxdt_source='hf', nxdt_example='hf_llama3_70B_config',
+    megatron_script='pretrain_gpt.py',   # Megatron-LM's GPTModel with --swiglu, RMSNorm, GQA and RoPE
     tiny=('llama3_tiny', ('model.ffn_hidden=64', 'model.n_kv_heads=2'))))
