@@ -70,6 +70,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'nxpretrain.config.world_size': ('api/config.html#world_size', 'nxpretrain/config.py')},
             'nxpretrain.convert.convert': { 'nxpretrain.convert.convert.convert': ( 'api/convert.html#convert',
                                                                                     'nxpretrain/convert/convert.py'),
+                                            'nxpretrain.convert.convert.engine_view': ( 'api/convert.html#engine_view',
+                                                                                        'nxpretrain/convert/convert.py'),
                                             'nxpretrain.convert.convert.native_save': ( 'api/convert.html#native_save',
                                                                                         'nxpretrain/convert/convert.py'),
                                             'nxpretrain.convert.convert.read_hf': ( 'api/convert.html#read_hf',

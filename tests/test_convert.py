@@ -189,3 +189,31 @@ def test_a_megatron_lm_job_starts_from_converted_weights(tmp_path):
     assert f'nxpretrain convert {hf} --to megatron --out {folder} --tp 2 --pp 1' in jobs['train'].script
     convert(folder, 'hf', tmp_path / 'back')
     same_hf(hf, tmp_path / 'back')
+
+
+def test_evaluate_and_export_hf_read_an_nxdt_run(tmp_path):
+    "An NxDT export's checkpoint tag is read by its engine (conf/config.json, the recipe's trn1 order): equal to HF."
+    from nxpretrain.config import to_yaml
+    from nxpretrain.evaluate import load_model
+    from nxpretrain.launch.engine import engine_for_checkpoint
+    from nxpretrain.recipes import get_recipe
+    import transformers
+    hf = hf_folder(LLAMA, tmp_path / 'hf')
+    r = get_recipe('llama3_tiny', 'engine=nxdt', 'cluster.profile=trn1.32xlarge', 'parallel.tp=4', 'parallel.pp=1',
+                   'parallel.kv_replicator=2', 'model.n_layers=3', 'model.hidden=32', 'model.n_heads=8',
+                   'model.n_kv_heads=2', 'model.ffn_hidden=40', 'model.vocab_size=100', 'model.seq_len=16',
+                   'model.tie_embeddings=false', 'model.make_vocab_size_divisible_by=16', 'model.rope_theta=10000',
+                   'model.norm_eps=1e-5', 'data.corpus=synthetic')
+    run = tmp_path / 'run'
+    (run / 'conf').mkdir(parents=True)
+    to_yaml(r, run / 'recipe.yaml')
+    tag = run / 'exp' / 'llama3_tiny' / 'checkpoints' / 'llama3_tiny--step=10-consumed_samples=640.0.ckpt'
+    convert(hf, 'nxdt', tag, tp=4, nxd_layout=dict(hw_backend='trn1', fuse_qkv=True))
+    (tag / 'config.json').rename(run / 'conf' / 'config.json')       # where the NxDT export keeps it
+    (tag / 'nxpretrain_nxd.json').unlink()                           # as NxDT itself leaves the tag
+    assert engine_for_checkpoint(tag).name == 'nxdt'
+    model, recipe = load_model(tag)
+    x = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    theirs = transformers.LlamaForCausalLM.from_pretrained(hf).eval()
+    with torch.no_grad(): ours, want = model(x)[..., :100], theirs(x).logits
+    torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)

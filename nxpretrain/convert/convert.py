@@ -15,7 +15,7 @@ from .megatron_args import check_model
 from .source import ModelSource, model_names, cut_vocab, atomic_folder, check_new_folder
 
 # %% auto #0
-__all__ = ['FORMATS', 'read_hf', 'native_save', 'read_native', 'source_format', 'read_model', 'write_hf',
+__all__ = ['FORMATS', 'read_hf', 'native_save', 'read_native', 'source_format', 'read_model', 'engine_view', 'write_hf',
            'tokenizer_root', 'write_native', 'convert']
 
 # %% ../../nbs/api/48d_convert.ipynb #4caa4ea6
@@ -73,6 +73,23 @@ def read_model(path, recipe: Recipe | None = None) -> ModelSource:
     from nxpretrain.convert.nxd import read_nxd
     readers = dict(hf=read_hf, native=read_native, megatron=read_megatron, nxdt=read_nxd)
     return readers[source_format(path)](path, recipe)
+
+# %% ../../nbs/api/48d_convert.ipynb #c85ee62b
+def engine_view(src: ModelSource) -> tuple:
+    "(recipe, names, take) of `src` as `Engine.read_checkpoint` gives them: every tensor of our model at the run's TP."
+    import torch
+    from nxpretrain.models.hf_mapping import pad_rows
+    from nxpretrain.models.registry import build_model
+    r = src.recipe or Recipe(name=Path(src.where).name, model=src.cfg, data=DataConfig(corpus='synthetic'))
+    r = dataclasses.replace(r, model=src.cfg, parallel=dataclasses.replace(r.parallel, tp=src.layout[0],
+                                                                           pp=src.layout[1]))
+    V = padded_vocab(src.cfg, r.parallel.tp)
+    with torch.device('meta'): names = list(build_model(src.cfg, V).state_dict())
+    def take(name: str):
+        tied = name == 'output.weight' and src.cfg.tie_embeddings
+        t = src.take('tok_embeddings.weight' if tied else name)
+        return pad_rows(t, V) if name in ('tok_embeddings.weight', 'output.weight') else t
+    return r, names, take
 
 # %% ../../nbs/api/48d_convert.ipynb #75bad4ec
 def write_hf(src: ModelSource, out, dtype=None, data_root=None, max_shard_gb: float = 5.0) -> Path:

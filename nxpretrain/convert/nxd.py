@@ -200,11 +200,17 @@ def is_nxd(path) -> bool:
 def nxd_config(tag: Path) -> tuple[ModelConfig, dict, Path]:
     "(model, layout, the config file): the HF config.json beside the tag (or in its run folder) and the layout file."
     from nxpretrain.models.hf_mapping import from_hf_config
-    for folder in (tag, tag.parent, tag.parent.parent):
-        if (f := folder / 'config.json').is_file(): break
-    else: raise CheckpointError(f"{tag}: no config.json beside it or in its run folder (NxDT's model_config); copy it")
+    # beside the tag, in its checkpoints folder, or the conf/config.json of the NxDT export that wrote it
+    candidates = [tag / 'config.json', tag.parent / 'config.json', tag.parent.parent / 'config.json']
+    candidates += [up / 'conf' / 'config.json' for up in list(tag.parents)[:5] if (up / 'recipe.yaml').is_file()]
+    f = next((c for c in candidates if c.is_file()), None)
+    if f is None: raise CheckpointError(f"{tag}: no config.json beside it or in its run folder (NxDT's model_config)")
     layout_file = next((d / LAYOUT_FILE for d in (tag, tag.parent) if (d / LAYOUT_FILE).is_file()), None)
     layout = json.loads(layout_file.read_text()) if layout_file else {}
+    if 'hw_backend' not in layout and f.parent.name == 'conf':    # an NxDT export: its recipe says trn1 or trn2
+        from nxpretrain.config import from_yaml
+        from nxpretrain.convert.init_from import nxd_layout
+        layout['hw_backend'] = nxd_layout(from_yaml(f.parent.parent / 'recipe.yaml'))['hw_backend']
     cfg = from_hf_config(json.loads(f.read_text()))
     fix = {k: layout[k] for k in ('vocab_size', 'make_vocab_size_divisible_by') if k in layout}
     return (ModelConfig(**{**vars(cfg), **fix}) if fix else cfg), layout, f

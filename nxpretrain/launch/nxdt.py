@@ -592,7 +592,10 @@ class NxdtEngine(Engine):
 
     def owns_checkpoint(self, path) -> bool: return Path(path).name.endswith('.ckpt')
 
-    def read_checkpoint(self, path, recipe=None) -> tuple: raise nxdt_checkpoint_error(path)
+    def read_checkpoint(self, path, recipe=None) -> tuple:
+        from nxpretrain.convert.nxd import read_nxd
+        from nxpretrain.convert.convert import engine_view
+        return engine_view(read_nxd(path, recipe))
 
     def requeue(self, folder, recipe) -> bool: return nxdt_unfinished(folder, recipe.trainer.max_steps)
 
