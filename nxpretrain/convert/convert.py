@@ -69,7 +69,7 @@ def source_format(path) -> str:
 
 def read_model(path, recipe: Recipe | None = None) -> ModelSource:
     "The `ModelSource` of the checkpoint or HF folder at `path`, its format detected."
-    from nxpretrain.convert.megatron import read_megatron
+    from nxpretrain.convert.megatron_format import read_megatron
     from nxpretrain.convert.nxd import read_nxd
     readers = dict(hf=read_hf, native=read_native, megatron=read_megatron, nxdt=read_nxd)
     return readers[source_format(path)](path, recipe)
@@ -156,7 +156,7 @@ def write_native(src: ModelSource, out, tp: int = 1, pp: int = 1) -> Path:
 def convert(src, to: str, out, tp: int = 1, pp: int = 1, recipe: Recipe | None = None, dtype=None, data_root=None,
             nxd_layout: dict | None = None) -> Path:
     "Convert the checkpoint or HF folder `src` into format `to` (one of `FORMATS`) in the new folder `out`."
-    from nxpretrain.convert.megatron import write_megatron
+    from nxpretrain.convert.megatron_format import write_megatron
     from nxpretrain.convert.nxd import write_nxd
     if to not in FORMATS: raise RecipeError(f"--to {to}: choose one of {', '.join(FORMATS)}")
     check_new_folder(out)

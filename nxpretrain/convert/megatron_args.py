@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NamedTuple
 import yaml
 from ..models.args import ModelConfig
+from ..models.registry import family
 from ..errors import CheckpointError, RecipeError
 
 # %% auto #0
@@ -117,7 +118,7 @@ def megatron_model_config(args, where='common.pt') -> ModelConfig:
         kw['vocab_size'] = fixed or getattr(args, 'padded_vocab_size', None)
     if kw.get('vocab_size') is None:
         raise CheckpointError(f"{where}: args give neither vocab_size nor padded_vocab_size; pass recipe=")
-    if arch == 'llama': kw.pop('max_position', None)
+    if family(arch).rope: kw.pop('max_position', None)        # rotary positions: no position table
     kw['rope_theta'] = float(kw.get('rope_theta', 10000.0))
     tie = not getattr(args, 'untie_embeddings_and_output_weights', False)
     return ModelConfig(arch=arch, tie_embeddings=tie, **kw)
@@ -134,8 +135,8 @@ CHECKED = ('arch', 'n_layers', 'hidden', 'n_heads', 'kv_heads', 'ffn', 'norm_eps
 
 def model_mismatches(saved: ModelConfig, given: ModelConfig) -> list[str]:
     "'field: saved X, given Y' for each field of `CHECKED` where the two configs differ (positions only without RoPE)."
-    fields = [f for f in CHECKED if not (f in ('positions',) and saved.arch == 'llama')]
-    fields = [f for f in fields if not (f == 'rope_theta' and saved.arch != 'llama')]
+    rope = family(saved.arch).rope               # rotary positions: a base, and no position table
+    fields = [f for f in CHECKED if f != ('positions' if rope else 'rope_theta')]
     return [f"{f}: {getattr(saved, f)!r} vs {getattr(given, f)!r}" for f in fields
             if getattr(saved, f) != getattr(given, f)]
 

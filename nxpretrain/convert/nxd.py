@@ -12,6 +12,7 @@ from importlib.resources import files
 from pathlib import Path
 import yaml
 from ..models.args import ModelConfig, padded_vocab
+from ..models.registry import family
 from ..errors import CheckpointError, RecipeError
 from .megatron_args import ArgsUnpickler, check_model, read_common
 from .source import ModelSource, model_names
@@ -100,6 +101,7 @@ class NxdUnpickler(ArgsUnpickler):
         if (module, name) == ('torch_xla.utils.serialization', 'TensorReference'): return TensorReference
         return super().find_class(module, name)
 
+# %% ../../nbs/api/48c_nxd_format.ipynb #1d9ade7a
 @contextmanager
 def _xser_names():
     "While pickling: our stub importable under xser's module name (pickle names a class by where it is found)."
@@ -163,7 +165,7 @@ def write_nxd(src: ModelSource, out, tp: int = 1, pp: int = 1, kv_multiplier: in
     replicated `kv_multiplier` times (default: as TP needs), Q in `hw_backend`'s order, `fuse_qkv` as NxDT's option."""
     from nxpretrain.models.hf_mapping import to_hf_config
     cfg, out = src.cfg, Path(out)
-    if cfg.arch != 'llama':
+    if family(cfg.arch).nxdt_source != 'hf':
         raise RecipeError(f"model.arch={cfg.arch!r}: the NxD format is written for HF-style Llama models (NxDT's "
                           "GPT is Megatron-style)")
     m = kv_multiplier or max(1, tp // cfg.kv_heads)
@@ -215,6 +217,7 @@ def nxd_config(tag: Path) -> tuple[ModelConfig, dict, Path]:
     fix = {k: layout[k] for k in ('vocab_size', 'make_vocab_size_divisible_by') if k in layout}
     return (ModelConfig(**{**vars(cfg), **fix}) if fix else cfg), layout, f
 
+# %% ../../nbs/api/48c_nxd_format.ipynb #1d2f473d
 def read_nxd(path, recipe=None, hw_backend: str | None = None) -> ModelSource:
     "The model of the NxD checkpoint at `path` (a tag folder or a folder of tags), one tensor gathered per `take`."
     import torch

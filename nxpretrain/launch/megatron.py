@@ -110,7 +110,7 @@ def model_flags(m) -> list[tuple]:
            ('attention-backend', 'auto'), ('init-method-std', m.init_std), ('hidden-dropout', m.dropout),
            ('attention-dropout', m.dropout), ('norm-epsilon', m.norm_eps),
            ('make-vocab-size-divisible-by', m.make_vocab_size_divisible_by)]
-    if m.arch == 'llama':
+    if family(m.arch).rope:                      # Llama-shaped: Megatron-LM's GPTModel with these options
         out += [('position-embedding-type', 'rope'), ('rotary-base', int(m.rope_theta)), ('normalization', 'RMSNorm'),
                 ('swiglu',), ('disable-bias-linear',)]
         if m.kv_heads != m.n_heads: out += [('group-query-attention',), ('num-query-groups', m.kv_heads)]
