@@ -50,6 +50,8 @@ EXAMPLES = {
     ],
     'export-hf': ['nxpretrain export-hf runs/gpt3_tiny/checkpoints/step_50 runs/hf/gpt3_tiny'],
     'import-hf': ['nxpretrain import-hf runs/hf/gpt3_tiny runs/gpt3_tiny_from_hf'],
+    'convert': ['nxpretrain convert runs/gpt3_175b/checkpoints --to hf --out runs/hf/gpt3_175b',
+                'nxpretrain convert runs/hf/llama3_8b --to megatron --out runs/llama3_8b_megatron --tp 8 --pp 2'],
     'demo': ['nxpretrain demo'],
     'runs': ['nxpretrain runs', 'nxpretrain runs --json'],
     'lab': ['nxpretrain lab', 'nxpretrain lab --port 8890 --dir . --no-start'],
@@ -123,7 +125,8 @@ def _trace_dict(t) -> dict:
 # %% ../nbs/api/08_cli.ipynb #edfd0a99
 def _train(a):
     from nxpretrain.stages import train_stage
-    train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out, dry_run=a.dry_run, test_only=a.test_only)
+    train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out, dry_run=a.dry_run, test_only=a.test_only,
+                init_from=a.init_from)
 
 def _setup_recipe(a):
     "`setup RECIPE`: what its job lacks, judged on a node of its partition (srun); `--prepare` makes it first."
@@ -219,6 +222,11 @@ def _export_hf(a):
     from nxpretrain.train.hf import export_hf
     print(export_hf(a.checkpoint, a.out))
 
+def _convert(a):
+    from nxpretrain.convert.convert import convert
+    layout = dict(hw_backend=a.hw_backend, xser=not a.no_xser, kv_multiplier=a.kv_multiplier, fuse_qkv=a.fuse_qkv)
+    print(convert(a.src, a.to, a.out, a.tp, a.pp, data_root=a.data_dir, nxd_layout=layout if a.to == 'nxdt' else None))
+
 def _import_hf(a):
     from nxpretrain.train.hf import import_hf
     print(import_hf(a.hf_dir, a.out)[0])
@@ -278,7 +286,7 @@ def _job_commands(cmd):
 
 # %% ../nbs/api/08_cli.ipynb #8bbd3499
 def _checkpoint_commands(cmd):
-    "The commands about checkpoints: evaluate, export-hf, import-hf."
+    "The commands about checkpoints: evaluate, export-hf, import-hf, convert."
     p = cmd('evaluate', _evaluate, 'validation perplexity of a checkpoint, and a sample', json=True)
     p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/gpt3_tiny/checkpoints/step_300')
     p.add_argument('--steps', type=int, default=None,
@@ -294,6 +302,22 @@ def _checkpoint_commands(cmd):
     p = cmd('import-hf', _import_hf, 'turn a Hugging Face folder (safetensors) into an nxpretrain checkpoint')
     p.add_argument('hf_dir', help='a Hugging Face model folder with config.json and safetensors weights')
     p.add_argument('out', help='the nxpretrain checkpoint folder to write')
+    p = cmd('convert', _convert, 'convert a checkpoint (nxpretrain, Megatron-LM torch_dist, NxD) or an HF folder into '
+                                 'another of those formats; the model is read from the checkpoint')
+    p.add_argument('src', help='a checkpoint, checkpoints or run folder of any engine, or a Hugging Face folder')
+    p.add_argument('--to', required=True, choices=('hf', 'native', 'megatron', 'nxdt'), help='the format to write')
+    p.add_argument('--out', required=True, help='the new folder to write (written beside, renamed when complete)')
+    p.add_argument('--tp', type=int, default=1, help='tensor-parallel size of the output (default 1)')
+    p.add_argument('--pp', type=int, default=1, help='pipeline-parallel size of the output (default 1)')
+    p.add_argument('--data-dir', default=None, help="where the run's tokenizer files are (default: $NXPRETRAIN_DATA "
+                                                    "or the data folder of the run)")
+    p.add_argument('--hw-backend', default='trn1', choices=('trn1', 'trn2'), help="--to nxdt: whose Q-head order "
+                                                                                 "(default trn1)")
+    p.add_argument('--no-xser', action='store_true', help='--to nxdt: plain torch.save files instead of xser')
+    p.add_argument('--kv-multiplier', type=int, default=None, help="--to nxdt: K/V replication (NxD's "
+                                                                    "kv_size_multiplier; default: as TP needs)")
+    p.add_argument('--fuse-qkv', action='store_true', help="--to nxdt: one qkv_proj.weight_qkv per rank (NxDT's "
+                                                           "fuse_qkv)")
 
 # %% ../nbs/api/08_cli.ipynb #357626c5
 def _run_commands(cmd):
@@ -343,6 +367,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--dry-run', action='store_true', help='plan and write the job; train and submit nothing')
     p.add_argument('--test-only', action='store_true', help='ask Slurm when the job would start (sbatch --test-only); '
                                                             'submit nothing')
+    p.add_argument('--init-from', default='', metavar='HF_DIR', help='continue pretraining from this Hugging Face '
+                                                                     "folder, converted once for the job's layout")
     p = cmd('setup', _setup, "what this machine offers and what each recipe still needs here; with RECIPE, what its "
                              "job lacks on the partition it runs on", json=True)
     p.add_argument('model', nargs='?', default='', metavar='RECIPE',

@@ -96,9 +96,12 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 out_dir: str = 'runs',     # where logs, TensorBoard events and checkpoints go
                 show=print,                # how to show the plan (display in notebooks)
                 dry_run: bool = False,     # plan and write the job, train and submit nothing
-                test_only: bool = False):  # ask the scheduler when the job would start, submit nothing
+                test_only: bool = False,   # ask the scheduler when the job would start, submit nothing
+                init_from: str = ''):      # an HF model folder to continue pretraining from (converted for the job)
     """Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop; the job is the one its
     engine writes (nxpretrain's trainer, NxD Training, Megatron-LM)."""
+    init_from = init_from or next((o.split('=', 1)[1] for o in overrides if o.startswith('init_from=')), '')
+    overrides = [o for o in overrides if not o.startswith('init_from=')]
     r = load_recipe(model, overrides, max_steps)
     action, reason = where_to_train(r, cluster)
     if action == 'submit' and not dry_run:            # our one line, before the scheduler's own words
@@ -118,6 +121,7 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     # the cluster and quotes every value
     on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
     options = {'scheduler': 'local'} if on_this_machine else {}
+    if init_from: options.update(_init_options(r, init_from, where, convert_now=not dry_run))
     job = engine.export(r, where, cluster or None, **options)['train']
     if on_this_machine:
         from nxpretrain.launch.local import run_local
@@ -152,6 +156,16 @@ def logged_steps(table, rows: int = 10):
     "The last `rows` steps of metrics `table` (one row per step) that logged more than loss and lr, numbers formatted."
     full = table.notna().sum(axis=1) > min(2, table.shape[1] - 1)
     return table.ffill()[full].tail(rows).map(lambda v: f"{v:,.4g}")
+
+# %% ../nbs/api/07_stages.ipynb #cad5511b
+def _init_options(r, hf_dir: str, job_dir: Path, convert_now: bool) -> dict:
+    "The export options that start `r`'s job from the HF weights of `hf_dir`, converted once for it (unless a dry run)."
+    from nxpretrain.convert.init_from import prepare_init_from
+    if r.engine not in ('nxdt', 'megatron'):
+        raise RecipeError(f"init_from with engine={r.engine}: NxD Training and Megatron-LM jobs start from converted "
+                          f"weights; for nxpretrain's own, `nxpretrain convert {hf_dir} --to native --out DIR`")
+    folder = prepare_init_from(r, hf_dir, job_dir, convert_now)
+    return dict(init_from=str(folder), init_from_hf=str(Path(hf_dir).absolute()))
 
 # %% ../nbs/api/07_stages.ipynb #b56db6c6
 def _one_line(shell, etype, evalue, tb, tb_offset=None) -> list[str]:

@@ -107,7 +107,7 @@ FLOORS = [
     ['nxpretrain.steptime', 'nxpretrain.calibration', 'nxpretrain.plan', 'nxpretrain.perf'],
     ['nxpretrain.train', 'nxpretrain.testing'],
     ['nxpretrain.engines'],
-    ['nxpretrain.launch'],
+    ['nxpretrain.launch', 'nxpretrain.convert'],
     ['nxpretrain.stages', 'nxpretrain.trace', 'nxpretrain.measure', 'nxpretrain.evaluate', 'nxpretrain.runs',
      'nxpretrain.monitor', 'nxpretrain.cli'],
 ]

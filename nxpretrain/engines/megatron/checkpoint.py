@@ -15,10 +15,10 @@ from ...errors import CheckpointError, RecipeError
 # %% auto #0
 __all__ = ['TE_NORMS', 'LOCAL_NORMS', 'QKV', 'GPT_MEGATRON_TENSORS', 'TRACKER', 'megatron_gpt_pairs', 'query_groups',
            'fuse_qkv', 'qkv_part', 'megatron_state_dict', 'tracked_iteration', 'megatron_checkpoint_dir',
-           'check_torch_dist', 'check_storage_files', 'job_recipe', 'megatron_padded_vocab', 'MegatronTensor',
-           'stacked_name', 'saved_tensor', 'model_shapes', 'megatron_sources', 'stored_shape', 'check_megatron_shapes',
-           'narrowed', 'box_planner', 'saved_reader', 'read_box', 'read_source', 'megatron_take',
-           'read_megatron_checkpoint']
+           'check_torch_dist', 'check_storage_files', 'recipe_beside', 'job_recipe', 'megatron_padded_vocab',
+           'MegatronTensor', 'stacked_name', 'saved_tensor', 'model_shapes', 'megatron_sources', 'stored_shape',
+           'check_megatron_shapes', 'narrowed', 'box_planner', 'saved_reader', 'read_box', 'read_source',
+           'megatron_take', 'read_megatron_checkpoint']
 
 # %% ../../../nbs/api/52d_megatron_checkpoint.ipynb #d6bddaf0
 # a layer's two pre-norms (attention, MLP): TransformerEngine's spec fuses each into the linear layer after it
@@ -129,12 +129,22 @@ def check_storage_files(d: Path, metadata):
             raise CheckpointError(f"{f}: {size} bytes where .metadata needs {end}: copy the checkpoint folder again")
 
 # %% ../../../nbs/api/52d_megatron_checkpoint.ipynb #f6c5c04f
+def recipe_beside(save: Path) -> Path | None:
+    """The `recipe.yaml` of the run that wrote `save`: in the save, its checkpoints folder, its run folder, or OUT when
+    the run folder is `OUT/<recipe name>` (where the job writes it); never further up, so a stray one never applies."""
+    save = Path(save).resolve()
+    near = [save, save.parent] + ([save.parent.parent] if save.parent.name == 'checkpoints' else [])
+    for folder in near:
+        if (f := folder / 'recipe.yaml').is_file(): return f
+    run = near[-1]
+    if (f := run.parent / 'recipe.yaml').is_file() and from_yaml(f).name == run.name: return f
+    return None
+
 def job_recipe(d: Path) -> tuple[Recipe, Path]:
-    "(recipe, its file): the `recipe.yaml` the Megatron-LM job wrote in OUT, the nearest in `d`'s parent folders."
-    for folder in Path(d).resolve().parents:
-        if (f := folder / 'recipe.yaml').is_file(): return from_yaml(f), f
-    raise RecipeError(f"{d}: no recipe.yaml in its parent folders (the job writes OUT/recipe.yaml); pass recipe= or "
-                      "copy the job's recipe.yaml beside the checkpoints folder")
+    "(recipe, its file): the `recipe.yaml` the Megatron-LM job wrote for the save `d` (`recipe_beside`)."
+    if (f := recipe_beside(d)) is not None: return from_yaml(f), f
+    raise RecipeError(f"{d}: no recipe.yaml beside it or in its run folder (the job writes OUT/recipe.yaml); pass "
+                      "recipe= or copy the job's recipe.yaml beside the checkpoints folder")
 
 # %% ../../../nbs/api/52d_megatron_checkpoint.ipynb #f86474f8
 def megatron_padded_vocab(cfg: ModelConfig, tp: int) -> int:

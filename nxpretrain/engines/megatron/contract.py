@@ -111,6 +111,10 @@ def core_config_kwargs(flags: dict) -> dict:
                context_parallel_size=_int(flags, 'context-parallel-size', 1),
                sequence_parallel='sequence-parallel' in flags, bf16='bf16' in flags, fp16='fp16' in flags,
                params_dtype=dtype, pipeline_dtype=dtype)
+    if 'group-query-attention' in flags: out['num_query_groups'] = _int(flags, 'num-query-groups', 1)
+    if 'swiglu' in flags: out['gated_linear_unit'] = True          # arguments.py:946-949 (swiglu: GLU with SiLU)
+    if 'disable-bias-linear' in flags: out['add_bias_linear'] = False
+    if flags.get('normalization', ['LayerNorm'])[0] != 'LayerNorm': out['normalization'] = flags['normalization'][0]
     if per_virtual: out['virtual_pipeline_model_parallel_size'] = layers // pp // per_virtual
     if granularity := flags.get('recompute-granularity', [None])[0]:
         out['recompute_granularity'] = granularity

@@ -21,8 +21,9 @@ from ..images import image_hint
 # %% auto #0
 __all__ = ['RECOMPUTE_MODULES', 'SEED2_CHECKPOINT_FLAGS', 'RANK_SH', 'JOB_BODY', 'MEGATRON_COMMIT',
            'parse_megatron_line', 'megatron_checkpoints', 'megatron_memory', 'megatron_problems', 'model_flags',
-           'layout_flags', 'training_flags', 'save_interval', 'exit_minutes', 'io_flags', 'flag_lines', 'srun_options',
-           'megatron_job_script', 'planned_seconds', 'export_megatron', 'megatron_needs', 'MegatronEngine']
+           'layout_flags', 'training_flags', 'save_interval', 'exit_minutes', 'hf_tokenizer_dir', 'io_flags',
+           'flag_lines', 'srun_options', 'megatron_job_script', 'planned_seconds', 'export_megatron', 'megatron_needs',
+           'MegatronEngine']
 
 # %% ../../../nbs/api/52b_megatron.ipynb #77abbaa7
 _ITERATION = re.compile(r'iteration\s+(\d+)/\s*(\d+)\s*\|')
@@ -104,12 +105,17 @@ def megatron_problems(recipe: Recipe) -> list[str]:
 
 # %% ../../../nbs/api/52b_megatron.ipynb #60c8aa79
 def model_flags(m) -> list[tuple]:
-    "(flag, values) of the model section: GPT-3's shape, dropout, init and vocabulary padding."
+    """(flag, values) of the model section: the shape, dropout, init and vocabulary padding; a Llama adds Megatron-LM's
+    SwiGLU, RMSNorm, RoPE, no biases and its query groups."""
     out = [('num-layers', m.n_layers), ('hidden-size', m.hidden), ('ffn-hidden-size', m.ffn),
            ('num-attention-heads', m.n_heads), ('seq-length', m.seq_len), ('max-position-embeddings', m.positions),
            ('attention-backend', 'auto'), ('init-method-std', m.init_std), ('hidden-dropout', m.dropout),
            ('attention-dropout', m.dropout), ('norm-epsilon', m.norm_eps),
            ('make-vocab-size-divisible-by', m.make_vocab_size_divisible_by)]
+    if family(m.arch).rope:                      # Llama-shaped: Megatron-LM's GPTModel with these options
+        out += [('position-embedding-type', 'rope'), ('rotary-base', int(m.rope_theta)), ('normalization', 'RMSNorm'),
+                ('swiglu',), ('disable-bias-linear',)]
+        if m.kv_heads != m.n_heads: out += [('group-query-attention',), ('num-query-groups', m.kv_heads)]
     return out + ([] if m.tie_embeddings else [('untie-embeddings-and-output-weights',)])
 
 def layout_flags(r: Recipe) -> list[tuple]:
@@ -156,14 +162,22 @@ def exit_minutes(r: Recipe, save_seconds: float) -> int | None:
 # (initialize.py:80)
 SEED2_CHECKPOINT_FLAGS = [('ckpt-fully-parallel-load',), ('ckpt-assume-constant-structure',)]
 
+def hf_tokenizer_dir(r: Recipe, data_root) -> str:
+    "The folder of the recipe's Hugging Face tokenizer (llama3: `<data root>/llama3`, else the path the recipe gives)."
+    t = Path(data_root) / r.data.tokenizer if r.data.tokenizer == 'llama3' else Path(r.data.tokenizer)
+    return str((t.parent if t.suffix == '.json' else t).absolute())
+
 def io_flags(r: Recipe, run_dir: Path, data_root, step_seconds: float, save_seconds: float) -> list[tuple]:
     "(flag, values) of the data, the checkpoints, the logs and the exit conditions."
     from nxpretrain.engines.nxdt.job import data_prefix, gpt2_files
     t = r.trainer
     vocab, merges = gpt2_files(r, data_root)
     ckpt = str(run_dir / 'checkpoints')
-    out = [('data-path', *data_prefix(r, data_root)), ('split', r.data.split), ('tokenizer-type', 'GPT2BPETokenizer'),
-           ('vocab-file', vocab), ('merge-file', merges), ('data-cache-path', str(run_dir / 'data-cache')),
+    gpt2 = r.data.tokenizer == 'gpt2' or r.data.tokenizer.startswith('gpt2:')
+    tokenizer = ([('tokenizer-type', 'GPT2BPETokenizer'), ('vocab-file', vocab), ('merge-file', merges)] if gpt2 else
+                 [('tokenizer-type', 'HuggingFaceTokenizer'), ('tokenizer-model', hf_tokenizer_dir(r, data_root))])
+    out = [('data-path', *data_prefix(r, data_root)), ('split', r.data.split), *tokenizer,
+           ('data-cache-path', str(run_dir / 'data-cache')),
            ('num-workers', max(r.data.num_workers, 1)), ('save', ckpt), ('load', ckpt),
            ('save-interval', save_interval(r, step_seconds)), ('ckpt-format', 'torch_dist'), *SEED2_CHECKPOINT_FLAGS,
            ('log-interval', t.log_every), ('eval-interval', t.eval_every or t.max_steps),
@@ -247,9 +261,11 @@ def planned_seconds(r: Recipe) -> tuple[float, float]:
 MEGATRON_COMMIT = load_contract()['commit']
 
 def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs/data', megatron_lm: str = '',
-                    **options) -> dict:
+                    init_from: str = '', init_from_hf: str = '', **options) -> dict:
     """Write the Megatron-LM job of `recipe` under `out_dir` (the Megatron-LM checkout: `megatron_lm`, default
-    `out_dir/Megatron-LM`); {'train': Job}."""
+    `out_dir/Megatron-LM`); {'train': Job}. `init_from`: a Megatron-LM save (`release` tracker) of the HF weights of
+    `init_from_hf` that the run starts from while its own checkpoints folder has none (`--pretrained-checkpoint`,
+    which turns on `--finetune` for that load only: checkpointing.py:1176-1185 at e958b2ca)."""
     from nxpretrain.config import override, to_yaml
     from nxpretrain.validate import validate
     r, prof = resolve_cluster(override(recipe, *overrides), cluster)
@@ -261,6 +277,7 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
     step_seconds, save_seconds = planned_seconds(r)
     flags = (model_flags(r.model) + layout_flags(r) + training_flags(r, step_seconds)
              + io_flags(r, run_dir, data_root, step_seconds, save_seconds))
+    if init_from: flags.append(('pretrained-checkpoint', init_from))
     flags_file = out / 'megatron.args'
     flags_file.write_text(f"# pretrain_gpt.py's arguments for recipe {r.name}, Megatron-LM {MEGATRON_COMMIT[:8]}\n"
                           + flag_lines(flags))
@@ -272,7 +289,12 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
               prof.devices_per_node, prof.name, {}, distributed=False, partition=r.cluster.partition,
               time=r.cluster.time, scheduler='slurm', log=str(out / 'logs' / '%x-%j.out'), script_suffix='sbatch',
               run_dir=run_dir, engine='megatron')
-    job.script = megatron_job_script(r, prof, out, rank_sh, megatron_needs(flags, mlm, prof.container), mlm) + '\n'
+    needs = megatron_needs(flags, mlm, prof.container)
+    if init_from:                                      # the converted weights, and the one command that makes them
+        from nxpretrain.convert.init_from import init_from_command
+        needs[f'{init_from}/{TRACKER}'] = 'convert the HF weights (any CPU): ' + init_from_command(
+            r, init_from_hf or '<the HF model folder>', init_from)
+    job.script = megatron_job_script(r, prof, out, rank_sh, needs, mlm) + '\n'
     job.script_path.write_text(job.script)
     return {'train': job}
 
@@ -287,7 +309,9 @@ def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '') ->
     needs.update({p + '.idx': 'prepare the corpus: nxpretrain data RECIPE' for p in values['data-path'][1::2]
                   or values['data-path']})
     needs.update({values[k][0]: 'GPT-2 vocab.json and merges.txt from https://huggingface.co/gpt2'
-                  for k in ('vocab-file', 'merge-file')})
+                  for k in ('vocab-file', 'merge-file') if k in values})
+    if 'tokenizer-model' in values:
+        needs[values['tokenizer-model'][0] + '/tokenizer.json'] = "the model's Hugging Face tokenizer.json"
     return needs
 
 # %% ../../../nbs/api/52b_megatron.ipynb #92028ab3

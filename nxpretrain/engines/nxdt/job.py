@@ -322,7 +322,7 @@ def train_sh(recipe: Recipe, devices: int, cache_url: str, conf_name: str, needs
                            ckpt_dir=q(ckpt_dir or '/nonexistent'))
 
 # %% ../../../nbs/api/52_nxdt.ipynb #4e8fa185
-def _needs(r: Recipe, cfg: dict, data_root, init_from: str, config_json: str) -> dict:
+def _needs(r: Recipe, cfg: dict, data_root, init_from: str, config_json: str, init_from_hf: str = '') -> dict:
     "{path the YAML points at: what makes it}, for train.sh to check before the expensive start."
     if nxdt_source(r.model.arch) == 'hf':
         needs = {cfg['data']['train_dir']: f"python -m nxpretrain.data.arrow {corpus_prefix(r, data_root)} "
@@ -332,10 +332,10 @@ def _needs(r: Recipe, cfg: dict, data_root, init_from: str, config_json: str) ->
         tokenizer = cfg['data']['tokenizer']
         needs.update({f: 'GPT-2 vocab.json and merges.txt from https://huggingface.co/gpt2'
                       for f in (tokenizer['vocab_file'], tokenizer['merge_file'])})
-    if init_from:
-        argv = ['python3', CONVERTER, '--convert_from_full_state', '--hf_model_name', 'HF_MODEL_ID', '--output_dir',
-                init_from, '--save_xser', 'True', '--config', config_json, *converter_flags(r)]
-        needs[init_from] = 'convert the HF weights on a Trainium node: cd "$NXDT_EXAMPLES" && ' + ' '.join(argv)
+    if init_from:                          # the converted HF weights: the exact command that makes them (CPU, torch)
+        from nxpretrain.convert.init_from import init_from_command
+        hf = init_from_hf or '<the HF model folder>'
+        needs[init_from] = 'convert the HF weights (any CPU): ' + init_from_command(r, hf, init_from)
     return needs
 
 # %% ../../../nbs/api/52_nxdt.ipynb #fa636fa2
@@ -379,8 +379,9 @@ def _nxdt_jobs(r: Recipe, prof, out: Path, sh: Path, conf_path: Path, run_dir: P
 
 # %% ../../../nbs/api/52_nxdt.ipynb #08beb01e
 def export_nxdt(recipe: Recipe | str, out_dir, cluster=None, overrides=(), cache_url: str = '', train_dir: str = '',
-                data_root='runs/data', init_from: str = '') -> dict[str, Job]:
-    "Write an NxD Training run of `recipe` under `out_dir`; return its compile and train jobs."
+                data_root='runs/data', init_from: str = '', init_from_hf: str = '') -> dict[str, Job]:
+    """Write an NxD Training run of `recipe` under `out_dir`; return its compile and train jobs. `init_from`: an NxD
+    checkpoint to start from (continual pretraining), converted from the HF folder `init_from_hf`."""
     r = get_recipe(recipe, *overrides) if isinstance(recipe, str) else recipe
     r, prof = resolve_cluster(r, cluster)
     if prof.backend not in ('xla', 'neuron'):
@@ -404,7 +405,7 @@ def export_nxdt(recipe: Recipe | str, out_dir, cluster=None, overrides=(), cache
     sh = out / 'train.sh'
     env = {'NEURON_LOGICAL_NC_CONFIG': str(prof.lnc)} if prof.lnc else {}
     sh.write_text(train_sh(r, prof.devices_per_node, cache_url, conf, _needs(r, cfg, data_root, init_from,
-                                                                             str(model_json)),
+                                                                             str(model_json), init_from_hf),
                            init_from, str(run_dir / 'checkpoints'), env))
     sh.chmod(0o755)
     return _nxdt_jobs(r, prof, out, sh, out / 'conf' / f"{conf}.yaml", run_dir)
@@ -590,7 +591,10 @@ class NxdtEngine(Engine):
 
     def owns_checkpoint(self, path) -> bool: return Path(path).name.endswith('.ckpt')
 
-    def read_checkpoint(self, path, recipe=None) -> tuple: raise nxdt_checkpoint_error(path)
+    def read_checkpoint(self, path, recipe=None) -> tuple:
+        from nxpretrain.convert.nxd import read_nxd
+        from nxpretrain.convert.convert import engine_view
+        return engine_view(read_nxd(path, recipe))
 
     def requeue(self, folder, recipe) -> bool: return nxdt_unfinished(folder, recipe.trainer.max_steps)
 
