@@ -436,6 +436,7 @@ def forward_keeps(r: Recipe | str, rank: int) -> list[tuple]:
     (its stages run one after another, each on a micro-batch's input)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from nxpretrain.parallel.parallelize import build_parallel_model
+    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel (`autocast`)
     r = get_recipe(r) if isinstance(r, str) else r
     rk = override(with_micro_batches(r, traced_micro_batches(r)), 'trainer.compile=false',
                   f'parallel.attention={attention_kernel(r)}')
