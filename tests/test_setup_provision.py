@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from nxpretrain.clusters import PROFILES, profile
 from nxpretrain.cli import main
+from nxpretrain.engines.megatron import job as megatron_job
 from nxpretrain.errors import LaunchError
 from nxpretrain.launch import provision as prep
 from nxpretrain.stages import load_recipe, train_stage
@@ -47,7 +48,7 @@ def gpu_node(tmp_path, monkeypatch):
     _git(*env, 'commit', '-q', '-am', 'later', cwd=src)
     _git('clone', '-q', '--bare', str(src), str(tmp_path / 'Megatron-LM.git'))
     repo = {'repo': str(tmp_path / 'Megatron-LM.git'), 'commit': pinned, 'script': 'pretrain_gpt.py'}
-    monkeypatch.setattr(prep, 'commit_of', lambda framework: repo)
+    monkeypatch.setattr(megatron_job, 'megatron_checkout', lambda: repo)      # the engine's own checkout facts
     stage = tmp_path / 'stage'
     prof = dataclasses.replace(profile('nd_h100_v5'), name='gpu-setup-ci', devices_per_node=1, cpus_per_node=1,
                                gres='', container=str(stage / 'pytorch+25.03+py3.sqsh'), container_mounts='', env={})
@@ -123,8 +124,8 @@ def test_without_slurm_setup_judges_the_head_node_and_says_so(tmp_path, monkeypa
 def test_a_step_that_fails_names_its_log(tmp_path, monkeypatch):
     monkeypatch.setenv('SLURM_CONF', str(tmp_path / 'none.conf'))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(prep, 'commit_of', lambda framework: {'repo': str(tmp_path / 'nothing.git'),
-                                                              'commit': '0' * 40, 'script': 'pretrain_gpt.py'})
+    monkeypatch.setattr(megatron_job, 'megatron_checkout', lambda: {'repo': str(tmp_path / 'nothing.git'),
+                                                                    'commit': '0' * 40, 'script': 'pretrain_gpt.py'})
     r = load_recipe('gpt3_175b_gpu', ['data.tokenizer=demo', 'data.corpus=demo'])
     r = dataclasses.replace(r, cluster=dataclasses.replace(r.cluster, profile='p5.48xlarge'))   # no container
     with pytest.raises(LaunchError, match=r'framework: .* failed here \(exit \d+\); log: .*setup-framework.log'):

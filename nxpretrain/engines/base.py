@@ -95,6 +95,7 @@ class Engine(ABC):
         "Bytes per device (a `Memory`) that this engine's run of `recipe` takes at data-parallel `dp`."
 
 
+
 # %% ../../nbs/api/49b_engine.ipynb #c81e19bb
 @patch
 def checkpoint_bytes_per_parameter(self: Engine, recipe) -> int:
@@ -112,6 +113,13 @@ def preflight_job(self: Engine, recipe, out_dir, steps: int, entry: str, env: di
     """A short dry run of `recipe`'s training job (`steps` steps of `entry`, with `env`) that checks it before the long
     run; None where the framework is checked by its ahead-of-time compile or its contract instead."""
     return None
+
+@patch
+def setup_steps(self: Engine, recipe, paths: dict) -> list:
+    """What its job of `recipe` reads that set-up makes – the framework checkout at its pinned commit, its venv – as
+    `nxpretrain.engines.setup.Step`s in the order set-up does them; `paths` are set-up's folders ('job': the job
+    folder, 'data': the data root). Empty where the job needs nothing of its own (nxpretrain's trainer)."""
+    return []
 
 @patch
 def __repr__(self: Engine): return f"{type(self).__name__}({self.name}: {self.framework})"

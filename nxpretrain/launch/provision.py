@@ -6,90 +6,39 @@ tokenizer files, the corpus – and its devices, judged on a node of the partiti
 
 # %% ../../nbs/api/59c_provision.ipynb #ba9fb912
 from __future__ import annotations
-import os, shlex, shutil, socket, subprocess
+import shlex, shutil, socket, subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from ..config import Recipe
 from ..clusters import ClusterProfile
+from ..data_paths import data_prefix, gpt2_files
 from ..errors import LaunchError
+from ..engines.base import engine_of
+from ..engines.setup import Step
 from ..engines.images import SETUP, image_command, image_of
 from .job import Job, job_name, resolve_cluster
 
 # %% auto #0
-__all__ = ['stage_paths', 'Step', 'commit_of', 'checkout_step', 'image_step', 'venv_step', 'tokenizer_steps',
-           'setup_steps', 'probe_script', 'Probe', 'parse_probe', 'run_probe', 'probe_gaps', 'cluster_gaps',
-           'SetupCheck', 'setup_check', 'step_job', 'prepare', 'job_needs', 'refuse_unready']
+__all__ = ['stage_paths', 'image_step', 'tokenizer_steps', 'setup_steps', 'probe_script', 'Probe', 'parse_probe',
+           'run_probe', 'probe_gaps', 'cluster_gaps', 'SetupCheck', 'setup_check', 'step_job', 'prepare', 'job_needs',
+           'refuse_unready']
 
 # %% ../../nbs/api/59c_provision.ipynb #8e2cd6fb
 def stage_paths(r: Recipe, prof: ClusterProfile, out_dir='runs', data_root='runs/data') -> dict:
     "{what: path} where a job of `r` on `prof` reads what set-up makes (the paths its job checks)."
-    home, job = Path.home(), (Path(out_dir) / 'jobs' / r.name).absolute()
-    examples = Path(os.environ.get('NXDT_EXAMPLES') or home / 'neuronx-distributed-training' / 'examples')
-    return {'job': job, 'image': prof.container, 'megatron_lm': job / 'Megatron-LM', 'nxdt': examples.parent,
-            'venv': home / 'aws_neuron_venv_pytorch', 'data': Path(data_root).absolute()}
+    job = (Path(out_dir) / 'jobs' / r.name).absolute()
+    return {'job': job, 'image': prof.container, 'data': Path(data_root).absolute()}
 
 # %% ../../nbs/api/59c_provision.ipynb #55e2eb53
-@dataclass
-class Step:
-    what: str                # image | framework | neuron venv | tokenizer | corpus
-    path: str                # what the job reads: the step is done when it exists and `verify` passes
-    command: str             # the shell that makes it, every value quoted
-    where: str = 'node'      # node: a Slurm job on the partition | head: this machine | data: the data stage
-    verify: str = ''         # a shell test that must pass as well (a checkout at its commit)
-    more: tuple = ()         # other files the same command makes (GPT-2's merges beside its vocab)
-
-    def test(self) -> str:
-        "The shell test that passes when the step is done."
-        exists = ' && '.join(f"[ -e {shlex.quote(str(p))} ]" for p in (self.path, *self.more))
-        return exists + (f" && {self.verify}" if self.verify else '')
-
-    def line(self) -> str:
-        "The one line of a missing step: what, where, and the command that makes it."
-        state = 'is missing or fails its check (the commit, the versions)' if self.verify else 'is missing'
-        return f"{self.what}: {self.path} {state}: {self.command}"
-
-# %% ../../nbs/api/59c_provision.ipynb #7b81dab7
-def commit_of(framework: str) -> dict:
-    "{'repo', 'commit', 'script'} of framework `framework` (megatron, nxdt): the commit its contract pins."
-    f = dict(SETUP['frameworks'][framework])
-    if framework == 'megatron':
-        from nxpretrain.engines.megatron.contract import load_contract
-        f['commit'] = load_contract()['commit']
-    else:
-        from nxpretrain.engines.nxdt.contract import NXDT
-        f['commit'] = NXDT['commit']
-    return f
-
-def checkout_step(framework: str, folder, where: str = 'node') -> Step:
-    "The step that clones `framework` into `folder` at its pinned commit and verifies the commit."
-    f, q, d = commit_of(framework), shlex.quote, str(folder)
-    git = f"git -C {q(d)}"
-    verify = f"[ \"$({git} rev-parse HEAD 2>/dev/null)\" = {q(f['commit'])} ]"
-    clone = f"{{ [ -d {q(d + '/.git')} ] || git clone -q {q(f['repo'])} {q(d)}; }}"
-    command = f"{clone} && {git} checkout -q {q(f['commit'])}"
-    return Step('framework', f"{d}/{f['script']}", command, where, verify)
-
-# %% ../../nbs/api/59c_provision.ipynb #0614cb33
 def image_step(container: str) -> Step:
     "The step that makes image file `container`: where the seed makes it, with `engines.images`' command."
     if image_of(container)['how'] == 'build': return Step('image', container, image_command(container), 'head')
     return Step('image', container, f"mkdir -p {shlex.quote(str(Path(container).parent))} && "
                                     f"{image_command(container)}", 'node')
 
-def venv_step(venv) -> Step:
-    "The step that makes the Neuron venv `venv` with the recorded NxD Training packages, verified by their versions."
-    v, q, py = SETUP['neuron_venv'], shlex.quote, f"{venv}/bin/python"
-    pins = [f"{k}=={x}" for k, x in v['packages'].items()]
-    check = '; '.join(f"assert m.version({k!r}) == {x!r}, {k!r}" for k, x in v['packages'].items())
-    verify = f"{q(py)} -c {q('import importlib.metadata as m; ' + check)} 2>/dev/null"
-    command = (f"python3 -m venv {q(str(venv))} && {q(py)} -m pip install --quiet --extra-index-url {q(v['index'])} "
-               + ' '.join(map(q, pins)))
-    return Step('neuron venv', f"{venv}/bin/activate", command, 'head', verify)
-
 # %% ../../nbs/api/59c_provision.ipynb #9248810d
 def tokenizer_steps(r: Recipe, data_root) -> list[Step]:
     "The steps that fetch `r`'s tokenizer files to where the recipe reads them (none for demo or a WordPiece name)."
-    from nxpretrain.engines.nxdt.job import gpt2_files
     t, q, tok = r.data.tokenizer, shlex.quote, SETUP['tokenizers']
     if t == 'llama3':
         out, hub = Path(data_root) / tok['llama3']['file'], Path(data_root) / 'hub'
@@ -107,7 +56,6 @@ def tokenizer_steps(r: Recipe, data_root) -> list[Step]:
 _MADE_ON_USE = ('demo', 'synthetic')   # corpora the trainer makes itself: no files to fetch
 
 def _corpus_steps(r: Recipe, data_root) -> list[Step]:
-    from nxpretrain.engines.nxdt.job import data_prefix
     if r.data.corpus in _MADE_ON_USE and not r.data.blend: return []
     return [Step('corpus', f"{p}.idx", 'prepare the corpus with the data stage (nbs/01_data.ipynb; nxpretrain data '
                  '--help)', 'data', more=(f"{p}.bin",))
@@ -117,8 +65,7 @@ def setup_steps(r: Recipe, prof: ClusterProfile, out_dir='runs', data_root='runs
     "Every step the job of `r` on `prof` needs done before it starts, in the order set-up does them."
     p, steps = stage_paths(r, prof, out_dir, data_root), []
     if prof.container.endswith('.sqsh'): steps.append(image_step(prof.container))
-    if r.engine == 'megatron': steps.append(checkout_step('megatron', p['megatron_lm']))
-    if r.engine == 'nxdt': steps += [venv_step(p['venv']), checkout_step('nxdt', p['nxdt'], 'head')]
+    steps += engine_of(r).setup_steps(r, p)
     return steps + tokenizer_steps(r, p['data']) + _corpus_steps(r, p['data'])
 
 # %% ../../nbs/api/59c_provision.ipynb #7e460ea2
@@ -159,14 +106,12 @@ def run_probe(steps: list[Step], partition: str = '', wait_s: int = 60) -> Probe
     """The probe on a node of `partition` via srun when Slurm answers (a node free within `wait_s`); on this machine
     otherwise, saying why (a busy partition: files judged here, devices from sinfo only)."""
     from nxpretrain.launch.slurmcheck import slurm_problem
+    from nxpretrain.launch.slurm import run_on_a_node
     script, here = probe_script(steps), socket.gethostname()
     why = slurm_problem() if shutil.which('srun') else 'srun is not on PATH'
     if why: return parse_probe(_bash_here(script), f"the head node {here} (no Slurm answers: {why})", len(steps))
     where = f"partition {partition or '(the default)'}"
-    part = [f"--partition={partition}"] if partition else []
-    argv = ['srun', '--nodes=1', '--ntasks=1', '--job-name=nxp-setup-probe', '--time=5', f"--immediate={wait_s}",
-            *part, 'bash', '-c', script]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=wait_s + 300)
+    p = run_on_a_node(script, partition, wait_s)
     last = (p.stderr.strip().splitlines() or ['no output'])[-1]
     if p.returncode and 'invalid partition' in p.stderr.lower():
         raise LaunchError(f"the set-up probe cannot run on {where}: {last}; name a partition sinfo lists")

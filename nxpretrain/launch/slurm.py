@@ -17,7 +17,7 @@ from .slurmcheck import explain_slurm, slurm_problem
 
 # %% auto #0
 __all__ = ['MAX_RESTARTS', 'REQUEUE_ON_FAILURE', 'sbatch_header', 'requeue_on_failure', 'step_command', 'job_state',
-           'SlurmLauncher', 'slurm_status', 'slurm_cancel']
+           'SlurmLauncher', 'slurm_status', 'slurm_cancel', 'node_command', 'run_on_a_node']
 
 # %% ../../nbs/api/56_slurm.ipynb #06d91a70
 def sbatch_header(name, nodes, profile_: ClusterProfile, partition: str, time_limit: str, log, array='', exclusive=True,
@@ -250,6 +250,7 @@ class SlurmLauncher(Launcher):
     def log(self, job_id, tail: int = 20) -> str: return tail_file(self.log_path(job_id), tail)
 
 
+
 # %% ../../nbs/api/56_slurm.ipynb #slcore02
 @patch
 def listed(self: SlurmLauncher, job_id) -> JobStatus | None:
@@ -335,3 +336,15 @@ def release(self: SlurmLauncher, job_id, timeout: float = 120, settle: float = 3
         time.sleep(0.5)
     time.sleep(settle)
     _slurm('scontrol', 'update', f"JobId={job_id}", 'StartTime=now')
+
+# %% ../../nbs/api/56_slurm.ipynb #93560f88
+def node_command(script: str, partition: str = '', wait_s: int = 60, name: str = 'nxp-setup-probe') -> list[str]:
+    "srun's argv that runs bash `script` as one task on one node of `partition`, waiting at most `wait_s` s for it."
+    part = [f"--partition={partition}"] if partition else []
+    return ['srun', '--nodes=1', '--ntasks=1', f"--job-name={name}", '--time=5', f"--immediate={wait_s}", *part,
+            'bash', '-c', script]
+
+def run_on_a_node(script: str, partition: str = '', wait_s: int = 60) -> subprocess.CompletedProcess:
+    "Run `node_command`: its stdout, stderr and exit status (no node free within `wait_s` s is a non-zero exit)."
+    return subprocess.run(node_command(script, partition, wait_s), capture_output=True, text=True,
+                          timeout=wait_s + 300)

@@ -17,13 +17,15 @@ from ...errors import RecipeError
 from .contract import contract_problems, load_contract, megatron_script
 from .checkpoint import TRACKER, tracked_iteration
 from ..images import image_hint
+from ..setup import Step, checkout_step, framework_checkout
+from ...data_paths import data_prefix, gpt2_files
 
 # %% auto #0
 __all__ = ['RECOMPUTE_MODULES', 'SEED2_CHECKPOINT_FLAGS', 'RANK_SH', 'JOB_BODY', 'MEGATRON_COMMIT',
            'parse_megatron_line', 'megatron_checkpoints', 'megatron_memory', 'megatron_problems', 'model_flags',
            'layout_flags', 'training_flags', 'save_interval', 'exit_minutes', 'hf_tokenizer_dir', 'io_flags',
            'flag_lines', 'srun_options', 'megatron_job_script', 'planned_seconds', 'export_megatron', 'megatron_needs',
-           'MegatronEngine']
+           'megatron_checkout', 'megatron_setup_steps', 'MegatronEngine']
 
 # %% ../../../nbs/api/52b_megatron.ipynb #77abbaa7
 _ITERATION = re.compile(r'iteration\s+(\d+)/\s*(\d+)\s*\|')
@@ -169,7 +171,6 @@ def hf_tokenizer_dir(r: Recipe, data_root) -> str:
 
 def io_flags(r: Recipe, run_dir: Path, data_root, step_seconds: float, save_seconds: float) -> list[tuple]:
     "(flag, values) of the data, the checkpoints, the logs and the exit conditions."
-    from nxpretrain.engines.nxdt.job import data_prefix, gpt2_files
     t = r.trainer
     vocab, merges = gpt2_files(r, data_root)
     ckpt = str(run_dir / 'checkpoints')
@@ -315,6 +316,15 @@ def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '') ->
     return needs
 
 # %% ../../../nbs/api/52b_megatron.ipynb #92028ab3
+def megatron_checkout() -> dict:
+    "{'repo', 'commit', 'script'} of Megatron-LM at the commit its contract pins (seed 2's)."
+    return framework_checkout('megatron', MEGATRON_COMMIT)
+
+def megatron_setup_steps(recipe: Recipe, paths: dict) -> list[Step]:
+    "The Megatron-LM checkout the job of `recipe` reads, in `paths['job']` (`Engine.setup_steps`)."
+    return [checkout_step(megatron_checkout(), Path(paths['job']) / 'Megatron-LM')]
+
+# %% ../../../nbs/api/52b_megatron.ipynb #2a5b630f
 @register_engine
 class MegatronEngine(Engine):
     "Megatron-LM at seed 2's commit: `pretrain_gpt.py` under Slurm and pyxis, in NVIDIA's PyTorch container."
@@ -357,3 +367,5 @@ class MegatronEngine(Engine):
         )
 
     def memory(self, recipe, dp: int): return megatron_memory(recipe, dp)
+
+    def setup_steps(self, recipe, paths) -> list: return megatron_setup_steps(recipe, paths)

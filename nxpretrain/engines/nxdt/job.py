@@ -6,16 +6,18 @@ checkpoints are read back through its engine."""
 
 # %% ../../../nbs/api/52_nxdt.ipynb #337b21dc
 from __future__ import annotations
-import math, re, shlex
+import math, os, re, shlex
 from pathlib import Path
 import json
 import yaml
 from ...config import Recipe, to_yaml
+from ...data_paths import corpus_prefix, data_prefix, gpt2_files
 from ...errors import RecipeError
 from ...models.args import ModelConfig
 from ...recipes import get_recipe
 from ...validate import validate
-from .contract import EXAMPLES, NXDT_RECIPES, differences, example_name, flat, nxdt_source
+from .contract import EXAMPLES, NXDT, NXDT_RECIPES, differences, example_name, flat, nxdt_source
+from ..setup import Step, checkout_step, framework_checkout, venv_step
 from ...clusters import profile
 from ...models.registry import family
 from ...launch.job import Job, export_lines, plain_value, job_name, resolve_cluster
@@ -24,11 +26,11 @@ from ..base import Calibration, Engine, Memory, register_engine
 from ...launch.watch import clock_seconds, metric_value
 
 # %% auto #0
-__all__ = ['NXDT_ENV', 'TRAIN_SH', 'NXDT_TB_TAGS', 'CONVERTER', 'recompute_modules', 'corpus_prefix', 'data_prefix',
-           'gpt2_files', 'llama_config_json', 'pipeline_cuts', 'nxdt_config', 'train_sh', 'export_nxdt',
-           'parse_compile_log', 'catalog_differences', 'stage_parameters', 'nxdt_memory', 'nxdt_problems',
-           'parse_nxdt_progress', 'nxdt_checkpoints', 'nxdt_unfinished', 'converter_flags', 'qkv_split_fails',
-           'to_hf_command', 'nxdt_checkpoint_error', 'NxdtEngine']
+__all__ = ['NXDT_ENV', 'TRAIN_SH', 'NXDT_TB_TAGS', 'CONVERTER', 'recompute_modules', 'llama_config_json',
+           'pipeline_cuts', 'nxdt_config', 'train_sh', 'export_nxdt', 'parse_compile_log', 'catalog_differences',
+           'stage_parameters', 'nxdt_memory', 'nxdt_problems', 'parse_nxdt_progress', 'nxdt_checkpoints',
+           'nxdt_unfinished', 'converter_flags', 'qkv_split_fails', 'to_hf_command', 'nxdt_checkpoint_error',
+           'nxdt_checkout', 'nxdt_setup_steps', 'NxdtEngine']
 
 # %% ../../../nbs/api/52_nxdt.ipynb #8084227e
 _RECOMPUTE = {'hf': {'attention': 'CoreAttention', 'mlp': 'LlamaMLP', 'layer': 'LlamaDecoderLayer'},
@@ -45,34 +47,6 @@ def recompute_modules(recipe: Recipe, source: str) -> list[str]:
         raise RecipeError(f"parallel.checkpoint_modules={p.checkpoint_modules}: NxDT's {source} model has no module "
                           f"for {bad}; use {sorted(names)}")
     return [names[m.lower()] for m in p.checkpoint_modules]
-
-# %% ../../../nbs/api/52_nxdt.ipynb #9e713065
-def corpus_prefix(recipe: Recipe, data_root='runs/data') -> str:
-    "The `.bin/.idx` prefix our data stage writes (or wrote) for `recipe.data.corpus`, absolute."
-    from nxpretrain.data.prepare import CORPORA, prepared_prefix, unit_prefix, stage_units, corpus_dir
-    from nxpretrain.errors import DataError
-    d = recipe.data
-    if d.corpus not in CORPORA: return str(Path(d.corpus).absolute())
-    c = CORPORA[d.corpus]
-    try: return str(Path(prepared_prefix(c, d.tokenizer, data_root)).absolute())
-    except DataError: pass
-    if c.prepared: return str((corpus_dir(c, data_root) / 'raw' / c.files[0]).with_suffix('').absolute())
-    units = stage_units(c, 'tokenize')
-    first = Path(unit_prefix(c, data_root, d.tokenizer, units[0]))
-    return str((first if len(units) == 1 else first.parent / f"{c.name}_text_document").absolute())
-
-def data_prefix(recipe: Recipe, data_root='runs/data') -> list:
-    "NxDT's `data.data_prefix`: the recipe's blend, or `[1.0, prefix]`."
-    if recipe.data.blend: return [x if i % 2 == 0 else str(Path(x).absolute()) for i, x in enumerate(recipe.data.blend)]
-    return [1.0, corpus_prefix(recipe, data_root)]
-
-# %% ../../../nbs/api/52_nxdt.ipynb #3cc6f254
-def gpt2_files(recipe: Recipe, data_root='runs/data') -> tuple[str, str]:
-    "(vocab_file, merge_file) of the recipe's GPT-2 tokenizer."
-    t = recipe.data.tokenizer
-    d = Path(data_root) / 'gpt2' if t == 'gpt2' else Path(t[5:] if t.startswith('gpt2:') else t)
-    if d.name.endswith('.json'): d = d.parent
-    return str((d / 'vocab.json').absolute()), str((d / 'merges.txt').absolute())
 
 # %% ../../../nbs/api/52_nxdt.ipynb #b173ac54
 def llama_config_json(m: ModelConfig) -> dict:
@@ -572,6 +546,17 @@ def nxdt_checkpoint_error(tag) -> RecipeError:
                        f"{to_hf_command(tag)} (then load OUT/checkpoint.pt into transformers' LlamaForCausalLM of "
                        f"that config.json){caveat}")
 
+# %% ../../../nbs/api/52_nxdt.ipynb #b18c32e0
+def nxdt_checkout() -> dict:
+    "{'repo', 'commit', 'script'} of NxD Training at the commit its contract pins (`NXDT['commit']`)."
+    return framework_checkout('nxdt', NXDT['commit'])
+
+def nxdt_setup_steps(recipe: Recipe, paths: dict) -> list[Step]:
+    "The Neuron venv and the NxDT checkout the job of `recipe` reads (`Engine.setup_steps`)."
+    home = Path.home()
+    examples = Path(os.environ.get('NXDT_EXAMPLES') or home / 'neuronx-distributed-training' / 'examples')
+    return [venv_step(home / 'aws_neuron_venv_pytorch'), checkout_step(nxdt_checkout(), examples.parent, 'head')]
+
 # %% ../../../nbs/api/52_nxdt.ipynb #8cf16c1d
 @register_engine
 class NxdtEngine(Engine):
@@ -605,3 +590,5 @@ class NxdtEngine(Engine):
                                                              f"no published {device} run: {trn1.basis}")
 
     def memory(self, recipe, dp: int): return nxdt_memory(recipe, dp)
+
+    def setup_steps(self, recipe, paths) -> list: return nxdt_setup_steps(recipe, paths)
