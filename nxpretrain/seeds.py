@@ -108,7 +108,8 @@ def carry_rows(seed: int) -> list[dict]:
         for name, fact in (f.get(kind) or {}).items():
             if 'reason' not in fact: continue
             rows.append({'kind': kind, 'name': name, 'value': fact['value'], 'where': fact['where'],
-                         'job_value': fact.get('job_value', '(not set)'), 'reason': ' '.join(fact['reason'].split())})
+                         'job_value': fact.get('job_value', '(see reason)'),
+                         'reason': ' '.join(fact['reason'].split())})
     return rows
 
 def _cell(v) -> str: return str(v).replace('|', '\\|').replace('\n', ' ') if v != '' else "''"

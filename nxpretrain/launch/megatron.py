@@ -16,6 +16,7 @@ from .slurm import sbatch_header
 from ..errors import RecipeError
 from .megatron_contract import contract_problems, load_contract
 from .megatron_checkpoint import TRACKER, tracked_iteration
+from ..seeds import carried_env, job_seed, write_differences
 
 # %% auto #0
 __all__ = ['RECOMPUTE_MODULES', 'SEED2_CHECKPOINT_FLAGS', 'RANK_SH', 'JOB_BODY', 'MEGATRON_COMMIT',
@@ -229,7 +230,8 @@ def megatron_job_script(r: Recipe, prof, out: Path, rank_sh: Path, needs: dict, 
                            srun_options=srun_options(prof, out / r.name, megatron_lm), max_restarts=MAX_RESTARTS,
                            tracker=q(str(out / r.name / 'checkpoints' / TRACKER)), iters=int(r.trainer.max_steps))
     title = f"# Megatron-LM job for recipe {r.name} at {MEGATRON_COMMIT[:8]}: {r.cluster.nodes} × {prof.name}"
-    return '\n'.join(['#!/bin/bash', title, *header, '', *export_lines(prof.env), f"cd {q(str(out))}", body])
+    env = {**prof.env, **carried_env(job_seed(r))}   # the seed's own variables (seed 2's NCCL set) over the profile's
+    return '\n'.join(['#!/bin/bash', title, *header, '', *export_lines(env), f"cd {q(str(out))}", body])
 
 # %% ../../nbs/api/52b_megatron.ipynb #56fabcbf
 MEGATRON_COMMIT = load_contract()['commit']
@@ -247,6 +249,7 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
     run_dir, mlm = out / r.name, plain_value('path', megatron_lm or str(out / 'Megatron-LM'), 'megatron_lm')
     for d in (out / 'logs', run_dir / 'checkpoints', run_dir / 'tb'): d.mkdir(parents=True, exist_ok=True)
     to_yaml(r, out / 'recipe.yaml')
+    write_differences(r, out)                  # what of its seed's scripts the job does not carry, and why
     pl = plan(r)
     flags = (model_flags(r.model) + layout_flags(r) + training_flags(r, pl.step_seconds)
              + io_flags(r, run_dir, data_root, pl.step_seconds, pl.checkpoint_seconds))
