@@ -121,7 +121,8 @@ def _trace_dict(t) -> dict:
 # %% ../nbs/api/08_cli.ipynb #edfd0a99
 def _train(a):
     from nxpretrain.stages import train_stage
-    train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out, dry_run=a.dry_run, test_only=a.test_only)
+    train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out, dry_run=a.dry_run, test_only=a.test_only,
+                cluster_option='--cluster')
 
 def _setup(a):
     from nxpretrain.machine import report_text, report_dict, machine_report, recipe_readiness, Table
@@ -141,7 +142,8 @@ def _setup(a):
 def _compile(a):
     from nxpretrain.stages import load_recipe
     from nxpretrain.launch.compile_job import compile_stage
-    report = compile_stage(load_recipe(a.model, a.overrides), a.cluster or None, a.out)   # prints its own report
+    report = compile_stage(load_recipe(a.model, a.overrides), a.cluster or None, a.out,   # prints its own report
+                           cluster_option='--cluster')
     if not report.ok: sys.exit(1)
 
 # %% ../nbs/api/08_cli.ipynb #808d0152

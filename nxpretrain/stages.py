@@ -29,8 +29,9 @@ def load_recipe(model: str, overrides=(), max_steps: int | None = None, world: i
     return validate(r, world)
 
 # %% ../nbs/api/07_stages.ipynb #fa095840
-def where_to_train(r: Recipe, cluster: str = '') -> tuple[str, str]:
-    "('local' | 'torchrun' | 'submit' | 'stop', reason) for recipe `r` and the `cluster` the user gave ('' = none)."
+def where_to_train(r: Recipe, cluster: str = '', cluster_option: str = '-p cluster') -> tuple[str, str]:
+    """('local' | 'torchrun' | 'submit' | 'stop', reason) for recipe `r` and the `cluster` the user gave ('' = none);
+    `cluster_option` is how the caller gives one (a notebook's papermill `-p cluster`, the CLI's `--cluster`)."""
     if cluster:
         from nxpretrain.launch.job import resolve_cluster
         return 'submit', f"submitting to {resolve_cluster(r, cluster)[1].scheduler} ({cluster})"
@@ -39,8 +40,8 @@ def where_to_train(r: Recipe, cluster: str = '') -> tuple[str, str]:
         if prof.devices_per_node == 1: return 'local', 'sized for this machine: training here, in this process'
         return 'torchrun', f"sized for this machine: training here with torchrun, {prof.devices_per_node} processes"
     return 'stop', (f"{r.name} needs {r.cluster.nodes} × {prof.name} ({r.cluster.nodes * prof.devices_per_node} "
-                    f"{prof.backend} devices) and no cluster was given: run this notebook on the cluster's head node "
-                    "with -p cluster <partition>, or pick a CPU recipe (gpt3_tiny, llama3_tiny) to train here")
+                    f"{prof.backend} devices) and no cluster was given: run it on the cluster's head node with "
+                    f"{cluster_option} <partition>, or pick a CPU recipe (gpt3_tiny, llama3_tiny) to train here")
 
 # %% ../nbs/api/07_stages.ipynb #72c17a17
 class Folded:
@@ -82,11 +83,12 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 out_dir: str = 'runs',     # where logs, TensorBoard events and checkpoints go
                 show=print,                # how to show the plan (display in notebooks)
                 dry_run: bool = False,     # plan and write the job, train and submit nothing
-                test_only: bool = False):  # ask the scheduler when the job would start, submit nothing
+                test_only: bool = False,   # ask the scheduler when the job would start, submit nothing
+                cluster_option: str = '-p cluster'):  # how the caller names a cluster in hints (CLI: --cluster)
     """Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop; the job is the one its
     engine writes (nxpretrain's trainer, NxD Training, Megatron-LM)."""
     r = load_recipe(model, overrides, max_steps)
-    action, reason = where_to_train(r, cluster)
+    action, reason = where_to_train(r, cluster, cluster_option)
     if action == 'submit' and not dry_run:            # our one line, before the scheduler's own words
         from nxpretrain.launch.job import resolve_cluster
         from nxpretrain.launch.launcher import launcher_for
@@ -105,6 +107,10 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     # the cluster and quotes every value
     on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
     options = {'scheduler': 'local'} if on_this_machine else {}
+    from nxpretrain.launch.job import resolve_cluster
+    if resolve_cluster(r, cluster or None)[1].backend in ('xla', 'neuron'):   # the cache `nxpretrain compile` filled
+        from nxpretrain.launch.compile_job import neuron_cache_dir
+        options['cache_url'] = str(neuron_cache_dir(r, out_dir))
     job = engine_of(r).export(r, where, cluster or None, **options)['train']
     if on_this_machine:
         from nxpretrain.launch.local import run_local
