@@ -59,8 +59,10 @@ class Folded:
 def job_summary(job, job_id: str, model: str, log: str = '') -> str:
     "The lines that say where submitted `job` went and how to follow it."
     what = f"{job.tasks} tasks" if job.tasks else f"{job.nodes} node(s) × {job.devices_per_node} devices"
+    # 05_monitor reads OUT_DIR/NAME: the folder around the run's own (NxDT writes exp/NAME, the others NAME)
+    runs = job.run_dir.parent if job.run_dir else job.out_dir
     pm = (f"papermill nbs/05_monitor.ipynb runs/monitor.ipynb -p model {shlex.quote(str(model))} "
-          f"-p out_dir {shlex.quote(str(job.out_dir))} -p job {shlex.quote(str(job_id))}")
+          f"-p out_dir {shlex.quote(str(runs))} -p job {shlex.quote(str(job_id))}")
     return (f"submitted as {job.scheduler} job {job_id} ({job.name}) on "
             f"{job.profile}{f' partition {job.partition}' if job.partition else ''}, {what}\n  log      "
             f"{log or job.log}\n  run      {job.run_dir or job.out_dir}\n  follow   {pm}\n           nxpretrain watch "

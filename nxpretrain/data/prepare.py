@@ -446,9 +446,14 @@ def main(argv=None, prog: str = 'python -m nxpretrain.data.prepare', parser=None
     2."""
     import argparse
     # the CLI's: usage errors in one line
-    ap = (parser or argparse.ArgumentParser)(prog=prog, description=prepare.__doc__)
-    ap.add_argument('corpus', help=f"a catalog corpus ({', '.join(CORPORA)}), a .jsonl/.jsonl.zst file or a .bin/.idx "
-                                   "prefix")
+    examples = ['nxpretrain data gpt3_23b                     # the corpus and tokenizer of a catalog recipe',
+                'nxpretrain data wikipedia --tokenizer gpt2    # a catalog corpus',
+                'nxpretrain data docs.jsonl --tokenizer gpt2 --output runs/data   # your own text']
+    ap = (parser or argparse.ArgumentParser)(prog=prog, description=prepare.__doc__,
+                                             formatter_class=argparse.RawDescriptionHelpFormatter,
+                                             epilog='examples:\n' + '\n'.join(f"  {e}" for e in examples))
+    ap.add_argument('corpus', help=f"a catalog recipe (its corpus and tokenizer), a catalog corpus "
+                                   f"({', '.join(CORPORA)}), a .jsonl/.jsonl.zst file or a .bin/.idx prefix")
     ap.add_argument('--tokenizer', help="tokenizer: demo, gpt2, llama3, a tokenizer.json, a .model or a vocab.txt "
                                         "path (default: the corpus recipe's)")
     ap.add_argument('--output', default='runs/data', help='root folder of prepared corpora (default: runs/data)')
@@ -460,6 +465,10 @@ def main(argv=None, prog: str = 'python -m nxpretrain.data.prepare', parser=None
                                                           'reporting it')
     ap.add_argument('--no-progress', action='store_true', help='no progress bars (logs of batch jobs)')
     a = ap.parse_args(argv)
+    from nxpretrain.recipes import CATALOG, resolve_name
+    if a.corpus not in CORPORA and resolve_name(a.corpus) in CATALOG:   # `nxpretrain data RECIPE`: what it trains on
+        d = CATALOG[resolve_name(a.corpus)].data
+        a.corpus, a.tokenizer = d.corpus, a.tokenizer or d.tokenizer
     try:
         out = prepare(a.corpus, a.tokenizer, a.output, a.workers, a.stages, base_url=a.base_url, strict=a.strict,
                       progress=not a.no_progress)

@@ -264,11 +264,12 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
               prof.devices_per_node, prof.name, {}, distributed=False, partition=r.cluster.partition,
               time=r.cluster.time, scheduler='slurm', log=str(out / 'logs' / '%x-%j.out'), script_suffix='sbatch',
               run_dir=run_dir, engine='megatron')
-    job.script = megatron_job_script(r, prof, out, rank_sh, megatron_needs(flags, mlm, prof.container), mlm) + '\n'
+    needs = megatron_needs(flags, mlm, prof.container, r.name)
+    job.script = megatron_job_script(r, prof, out, rank_sh, needs, mlm) + '\n'
     job.script_path.write_text(job.script)
     return {'train': job}
 
-def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '') -> dict:
+def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '', recipe: str = 'RECIPE') -> dict:
     """{path the job reads: what makes it} for the container image, the checkout, the data and the tokenizer files the
     flags name."""
     values = {f[0]: f[1:] for f in flags}
@@ -276,7 +277,7 @@ def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '') ->
                                                 f"git -C {megatron_lm} checkout {MEGATRON_COMMIT}"}
     if container.endswith('.sqsh'):
         needs[container] = f"enroot import --output {container} docker://{load_contract()['setup_script']['image']}"
-    needs.update({p + '.idx': 'prepare the corpus: nxpretrain data RECIPE' for p in values['data-path'][1::2]
+    needs.update({p + '.idx': f"prepare the corpus: nxpretrain data {recipe}" for p in values['data-path'][1::2]
                   or values['data-path']})
     needs.update({values[k][0]: 'GPT-2 vocab.json and merges.txt from https://huggingface.co/gpt2'
                   for k in ('vocab-file', 'merge-file')})
