@@ -126,7 +126,7 @@ def _trace_dict(t) -> dict:
 def _train(a):
     from nxpretrain.stages import train_stage
     train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out, dry_run=a.dry_run, test_only=a.test_only,
-                init_from=a.init_from)
+                init_from=a.init_from, cluster_option='--cluster')
 
 def _setup_recipe(a):
     "`setup RECIPE`: what its job lacks, judged on a node of its partition (srun); `--prepare` makes it first."
@@ -168,7 +168,8 @@ def _setup(a):
 def _compile(a):
     from nxpretrain.stages import load_recipe
     from nxpretrain.launch.compile_job import compile_stage
-    report = compile_stage(load_recipe(a.model, a.overrides), a.cluster or None, a.out)   # prints its own report
+    report = compile_stage(load_recipe(a.model, a.overrides), a.cluster or None, a.out,   # prints its own report
+                           cluster_option='--cluster')
     if not report.ok: sys.exit(1)
 
 # %% ../nbs/api/08_cli.ipynb #808d0152
@@ -407,12 +408,17 @@ def parse_args(argv) -> argparse.Namespace:
     return a
 
 # %% ../nbs/api/08_cli.ipynb #8d6fc92f
+def _recipe_data(name: str):
+    "The `DataConfig` of catalog recipe `name`, or None where it names none (`nxpretrain data RECIPE`)."
+    from nxpretrain.recipes import CATALOG, resolve_name
+    return CATALOG[resolve_name(name)].data if resolve_name(name) in CATALOG else None
+
 def main(argv=None):
     "Entry point of the `nxpretrain` command."
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ['data']:              # the data stage has its own arguments: one parser, in nxpretrain.data.prepare
         from nxpretrain.data.prepare import main as data_main
-        return data_main(argv[1:], prog='nxpretrain data', parser=_Parser)
+        return data_main(argv[1:], prog='nxpretrain data', parser=_Parser, recipe_data=_recipe_data)
     a = parse_args(argv)
     try: return a.fn(a)
     except NxpError as e:

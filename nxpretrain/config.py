@@ -184,8 +184,8 @@ def to_dict(recipe) -> dict: return asdict(recipe)
 
 def to_yaml(recipe, path=None) -> str:
     "YAML text of `recipe`; also written to `path` when given."
-    text = yaml.safe_dump(to_dict(recipe), sort_keys=False)
-    if path: Path(path).write_text(text)
+    text = yaml.safe_dump(to_dict(recipe), sort_keys=False, allow_unicode=True)   # '×' as itself, not '\xD7'
+    if path: Path(path).write_text(text, encoding='utf-8')
     return text
 
 def from_yaml(text_or_path) -> Recipe:

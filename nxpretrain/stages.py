@@ -31,8 +31,9 @@ def load_recipe(model: str, overrides=(), max_steps: int | None = None, world: i
     return validate(r, world)
 
 # %% ../nbs/api/07_stages.ipynb #fa095840
-def where_to_train(r: Recipe, cluster: str = '') -> tuple[str, str]:
-    "('local' | 'torchrun' | 'submit' | 'stop', reason) for recipe `r` and the `cluster` the user gave ('' = none)."
+def where_to_train(r: Recipe, cluster: str = '', cluster_option: str = '-p cluster') -> tuple[str, str]:
+    """('local' | 'torchrun' | 'submit' | 'stop', reason) for recipe `r` and the `cluster` the user gave ('' = none);
+    `cluster_option` is how the caller gives one (a notebook's papermill `-p cluster`, the CLI's `--cluster`)."""
     if cluster:
         from nxpretrain.launch.job import resolve_cluster
         return 'submit', f"submitting to {resolve_cluster(r, cluster)[1].scheduler} ({cluster})"
@@ -41,8 +42,8 @@ def where_to_train(r: Recipe, cluster: str = '') -> tuple[str, str]:
         if prof.devices_per_node == 1: return 'local', 'sized for this machine: training here, in this process'
         return 'torchrun', f"sized for this machine: training here with torchrun, {prof.devices_per_node} processes"
     return 'stop', (f"{r.name} needs {r.cluster.nodes} × {prof.name} ({r.cluster.nodes * prof.devices_per_node} "
-                    f"{prof.backend} devices) and no cluster was given: run this notebook on the cluster's head node "
-                    "with -p cluster <partition>, or pick a CPU recipe (gpt3_tiny, llama3_tiny) to train here")
+                    f"{prof.backend} devices) and no cluster was given: run it on the cluster's head node with "
+                    f"{cluster_option} <partition>, or pick a CPU recipe (gpt3_tiny, llama3_tiny) to train here")
 
 # %% ../nbs/api/07_stages.ipynb #72c17a17
 class Folded:
@@ -60,8 +61,10 @@ class Folded:
 def job_summary(job, job_id: str, model: str, log: str = '') -> str:
     "The lines that say where submitted `job` went and how to follow it."
     what = f"{job.tasks} tasks" if job.tasks else f"{job.nodes} node(s) × {job.devices_per_node} devices"
+    # 05_monitor reads OUT_DIR/NAME: the folder around the run's own (NxDT writes exp/NAME, the others NAME)
+    runs = job.run_dir.parent if job.run_dir else job.out_dir
     pm = (f"papermill nbs/05_monitor.ipynb runs/monitor.ipynb -p model {shlex.quote(str(model))} "
-          f"-p out_dir {shlex.quote(str(job.out_dir))} -p job {shlex.quote(str(job_id))}")
+          f"-p out_dir {shlex.quote(str(runs))} -p job {shlex.quote(str(job_id))}")
     return (f"submitted as {job.scheduler} job {job_id} ({job.name}) on "
             f"{job.profile}{f' partition {job.partition}' if job.partition else ''}, {what}\n  log      "
             f"{log or job.log}\n  run      {job.run_dir or job.out_dir}\n  follow   {pm}\n           nxpretrain watch "
@@ -97,13 +100,14 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 show=print,                # how to show the plan (display in notebooks)
                 dry_run: bool = False,     # plan and write the job, train and submit nothing
                 test_only: bool = False,   # ask the scheduler when the job would start, submit nothing
-                init_from: str = ''):      # an HF model folder to continue pretraining from (converted for the job)
+                init_from: str = '',      # an HF model folder to continue pretraining from (converted for the job)
+                cluster_option: str = '-p cluster'):  # how the caller names a cluster in hints (CLI: --cluster)
     """Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop; the job is the one its
     engine writes (nxpretrain's trainer, NxD Training, Megatron-LM)."""
     init_from = init_from or next((o.split('=', 1)[1] for o in overrides if o.startswith('init_from=')), '')
     overrides = [o for o in overrides if not o.startswith('init_from=')]
     r = load_recipe(model, overrides, max_steps)
-    action, reason = where_to_train(r, cluster)
+    action, reason = where_to_train(r, cluster, cluster_option)
     if action == 'submit' and not dry_run:            # our one line, before the scheduler's own words
         from nxpretrain.launch.job import resolve_cluster
         from nxpretrain.launch.launcher import launcher_for
@@ -122,6 +126,10 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
     options = {'scheduler': 'local'} if on_this_machine else {}
     if init_from: options.update(_init_options(r, init_from, where, convert_now=not dry_run))
+    from nxpretrain.launch.job import resolve_cluster
+    if resolve_cluster(r, cluster or None)[1].backend in ('xla', 'neuron'):   # the cache `nxpretrain compile` filled
+        from nxpretrain.launch.compile_job import neuron_cache_dir
+        options['cache_url'] = str(neuron_cache_dir(r, out_dir))
     job = engine.export(r, where, cluster or None, **options)['train']
     if on_this_machine:
         from nxpretrain.launch.local import run_local

@@ -93,11 +93,14 @@ def test_train_options_anywhere(where, workdir):
 
 
 @pytest.mark.parametrize('where', OPTION_PLACES)
-def test_compile_options_anywhere(where, workdir):
+def test_compile_options_anywhere(where, workdir, no_slurm):
+    """The compile job is written wherever the options go; with a cluster given and no Slurm answering, `compile` exits
+    2 in one line, as `train` does (it used to say "no cluster given" and exit 0)."""
     argv = placed(where, ['compile', 'gpt3_23b'], ['optim.lr=1e-4', 'trainer.max_steps=1000'],
                   ['--cluster', 'trn1', '--out', 'c'])
-    out = ok(*argv)
-    assert 'mode           compile' in out and (workdir / 'c/compile.sbatch').exists()
+    line = one_line_error(*argv)
+    assert line.startswith('nxpretrain compile: ') and 'slurm.conf' in line and 'c/compile.sbatch' in line, line
+    assert (workdir / 'c/compile.sbatch').exists()
     assert any('lr: 0.0001' in f.read_text() for f in (workdir / 'c').rglob('*.yaml'))
 
 
@@ -364,7 +367,7 @@ def run_with_s3(argv: list[str], monkeypatch):
 
 def needs_slurm(w: list[str]) -> bool:
     return w[0] in ('jobs', 'tail', 'watch', 'cancel') or (
-        w[0] == 'train' and '--cluster' in w and '--dry-run' not in w
+        w[0] in ('train', 'compile') and '--cluster' in w and '--dry-run' not in w
     )
 
 
@@ -421,6 +424,11 @@ def test_every_documented_example_runs(workdir, monkeypatch):
                 continue
             if slurm is None:                                   # no Slurm here: say so, in one line
                 assert one_line_error(*argv).startswith(f"nxpretrain {w[0]}: "), argv
+                continue
+            if w[0] == 'compile':        # the example's partition (trn1) may not be the local controller's
+                rc, out, err = run(*argv)
+                refused = rc == 2 and err.startswith('nxpretrain compile: ') and 'trn1' in err
+                assert rc == 0 or refused, (argv, rc, err)
                 continue
             if w[0] == 'train' and '--test-only' not in w:   # nodes without slurmd: drain them so the job stays queued
                 subprocess.run(['scontrol', 'update', 'NodeName=node[1-2]', 'State=DRAIN', 'Reason=queued-only'],

@@ -96,3 +96,22 @@ def test_dropout_is_reproducible_and_resumes_exactly(cache, tmp_path, compile):
     half = run(r, tmp_path / 'cut', HALF)
     rest = run(r, tmp_path / 'cut', STEPS)
     assert half['losses'] + rest['losses'] == full['losses']
+
+
+@pytest.mark.parametrize('name, script', [('gpt3_23b', 'train.sh'), ('bert_large', 'run_xla.sh')])
+def test_compile_then_train_use_one_neuron_cache(tmp_path, monkeypatch, name, script):
+    """`nxpretrain compile R` fills a Neuron cache and `nxpretrain train R` points its job at that same cache (seed 0's
+    and seed 3's one shared cache), so the training job does not compile again for hours."""
+    import yaml
+    from nxpretrain.launch.compile_job import compile_stage
+    from nxpretrain.stages import train_stage
+    monkeypatch.chdir(tmp_path)
+    rep = compile_stage(name, out_dir='runs/compile', show=lambda *a: None)
+    filled = rep.cache_env['NEURON_COMPILE_CACHE_URL']
+    assert filled == str(tmp_path / 'runs/neuron-cache') and Path(filled).is_dir()
+    job = train_stage(name, out_dir='runs', dry_run=True, show=lambda *a: None)
+    want = f"export NEURON_COMPILE_CACHE_URL=${{NEURON_COMPILE_CACHE_URL:-{filled}}}"
+    assert want in (tmp_path / 'runs/compile' / script).read_text()      # what compile ran with
+    assert want in (job.out_dir / script).read_text()                     # what train runs with
+    if name == 'gpt3_23b':                                                # NxDT reads it from its YAML too
+        assert yaml.safe_load(job.recipe_path.read_text())['compiler_cache_url'] == filled

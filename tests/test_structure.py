@@ -98,7 +98,7 @@ def test_no_module_name_is_used_twice():
 # The package's floors, from the ground up: a module imports only from its own floor or below. A module stands on the
 # first floor one of whose names is it or a package above it.
 FLOORS = [
-    ['nxpretrain.errors', 'nxpretrain.checksum', 'nxpretrain.progress', 'nxpretrain.literate',
+    ['nxpretrain.errors', 'nxpretrain.checksum', 'nxpretrain.progress', 'nxpretrain.literate', 'nxpretrain.seeds',
      'nxpretrain.engines.base'],
     ['nxpretrain.models', 'nxpretrain.data'],
     ['nxpretrain.clusters', 'nxpretrain.config', 'nxpretrain.recipes', 'nxpretrain.validate', 'nxpretrain.lab',

@@ -429,14 +429,19 @@ def ensure_dataset(data_cfg, # a recipes.DataConfig
     return prefix
 
 # %% ../../nbs/api/14_prepare.ipynb #2dcb419f
-def main(argv=None, prog: str = 'python -m nxpretrain.data.prepare', parser=None):
+def main(argv=None, prog: str = 'python -m nxpretrain.data.prepare', parser=None, recipe_data=None):
     """Command-line entry point: prepare a corpus (one stage share per Slurm array task); a bad input is one line, exit
-    2."""
+    2. `recipe_data(name)` gives a catalog recipe's `DataConfig` (or None), for `nxpretrain data RECIPE`."""
     import argparse
     # the CLI's: usage errors in one line
-    ap = (parser or argparse.ArgumentParser)(prog=prog, description=prepare.__doc__)
-    ap.add_argument('corpus', help=f"a catalog corpus ({', '.join(CORPORA)}), a .jsonl/.jsonl.zst file or a .bin/.idx "
-                                   "prefix")
+    examples = ['nxpretrain data gpt3_23b                     # the corpus and tokenizer of a catalog recipe',
+                'nxpretrain data wikipedia --tokenizer gpt2    # a catalog corpus',
+                'nxpretrain data docs.jsonl --tokenizer gpt2 --output runs/data   # your own text']
+    ap = (parser or argparse.ArgumentParser)(prog=prog, description=prepare.__doc__,
+                                             formatter_class=argparse.RawDescriptionHelpFormatter,
+                                             epilog='examples:\n' + '\n'.join(f"  {e}" for e in examples))
+    ap.add_argument('corpus', help=f"a catalog recipe (its corpus and tokenizer), a catalog corpus "
+                                   f"({', '.join(CORPORA)}), a .jsonl/.jsonl.zst file or a .bin/.idx prefix")
     ap.add_argument('--tokenizer', help="tokenizer: demo, gpt2, llama3, a tokenizer.json, a .model or a vocab.txt "
                                         "path (default: the corpus recipe's)")
     ap.add_argument('--output', default='runs/data', help='root folder of prepared corpora (default: runs/data)')
@@ -448,6 +453,9 @@ def main(argv=None, prog: str = 'python -m nxpretrain.data.prepare', parser=None
                                                           'reporting it')
     ap.add_argument('--no-progress', action='store_true', help='no progress bars (logs of batch jobs)')
     a = ap.parse_args(argv)
+    d = recipe_data(a.corpus) if recipe_data and a.corpus not in CORPORA else None
+    if d is not None:                   # `nxpretrain data RECIPE`: what it trains on
+        a.corpus, a.tokenizer = d.corpus, a.tokenizer or d.tokenizer
     try:
         out = prepare(a.corpus, a.tokenizer, a.output, a.workers, a.stages, base_url=a.base_url, strict=a.strict,
                       progress=not a.no_progress)

@@ -10,7 +10,7 @@ import dataclasses, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from ..config import Recipe, override
-from ..errors import RecipeError
+from ..errors import LaunchError, RecipeError
 from ..recipes import get_recipe
 from ..validate import problems
 from .job import Job, make_job, resolve_cluster
@@ -21,7 +21,7 @@ from .watch import ProgressReader
 from ..parallel.compile import compile_cache_dir
 
 # %% auto #0
-__all__ = ['CompileReport', 'memory_check', 'cache_env', 'compile_stage']
+__all__ = ['CompileReport', 'memory_check', 'cache_env', 'neuron_cache_dir', 'compile_stage']
 
 # %% ../../nbs/api/53_compile_job.ipynb #9555968a
 @dataclass
@@ -79,6 +79,12 @@ def cache_env(cache_dir, backend: str) -> dict:
     if backend in ('xla', 'neuron'): return {'NEURON_COMPILE_CACHE_URL': d, 'TORCHINDUCTOR_CACHE_DIR': d + '/inductor'}
     return {'TORCHINDUCTOR_CACHE_DIR': d + '/inductor', 'TRITON_CACHE_DIR': d + '/triton'}
 
+# %% ../../nbs/api/53_compile_job.ipynb #3efef778
+def neuron_cache_dir(r: Recipe, runs='runs') -> Path:
+    "The Neuron compile cache that `nxpretrain compile` fills and `nxpretrain train` reads for `r` under `runs`."
+    if r.trainer.compile_cache: return Path(r.trainer.compile_cache).expanduser().absolute()
+    return (Path(runs) / 'neuron-cache').absolute()
+
 # %% ../../nbs/api/53_compile_job.ipynb #b958475d
 def _refusal(rep: CompileReport, r: Recipe, world: int) -> str:
     "Why nothing should be compiled or run for `r` (its problems, or memory), filling `rep`; '' when all is well."
@@ -103,8 +109,10 @@ def _stage_job(rep: CompileReport, r: Recipe, prof, out_dir: Path, steps: int, e
     return jobs['train']
 
 # %% ../../nbs/api/53_compile_job.ipynb #eb226cfd
-def _run_stage_job(rep: CompileReport, r: Recipe, prof, cluster, wait_s: float, submit_job) -> str:
-    "Run or submit `rep.job`; the reason the stage stops instead ('' when it ran or was submitted)."
+def _run_stage_job(rep: CompileReport, r: Recipe, prof, cluster, wait_s: float, submit_job,
+                   cluster_option: str = '-p cluster') -> str:
+    """Run or submit `rep.job`; the reason the stage stops instead ('' when it ran or was submitted). A cluster that
+    does not answer is a LaunchError, as in `train_stage`."""
     if rep.mode == 'contract':
         rep.action = 'checked'
         return f"{r.engine} jobs compile nothing ahead: the written job {'passes' if not rep.problems else 'breaks'} " \
@@ -113,7 +121,9 @@ def _run_stage_job(rep: CompileReport, r: Recipe, prof, cluster, wait_s: float, 
         res = run_local(rep.job, echo=False, env=rep.cache_env)
         rep.action, rep.returncode, rep.log = 'ran', res.exit_code, res.log
         return ''
-    if cluster and (submit_job if submit_job is not None else not get_launcher(rep.job.scheduler).reachable()):
+    if cluster and submit_job is None and (why := get_launcher(rep.job.scheduler).reachable()):
+        raise LaunchError(f"{why} (the {rep.mode} job is written: {rep.job.script_path})")
+    if cluster and submit_job is not False:
         ln = get_launcher(rep.job.scheduler)
         rep.job_id, rep.action = ln.submit(rep.job), 'submitted'
         rep.log = ln.log_path(rep.job_id)
@@ -123,7 +133,7 @@ def _run_stage_job(rep: CompileReport, r: Recipe, prof, cluster, wait_s: float, 
             rep.log = st.log or rep.log
         return ''
     return (f"no cluster given: the {rep.mode} job is written to {rep.job.script_path}; run this stage on the head "
-            f"node with a cluster (e.g. -p cluster {prof.name}) to submit it")
+            f"node with a cluster (e.g. {cluster_option} {prof.name}) to submit it")
 
 def _read_stage_log(rep: CompileReport, steps: int) -> str:
     "What the finished (or submitted) job's log says, as the report's reason."
@@ -144,7 +154,7 @@ def _read_stage_log(rep: CompileReport, steps: int) -> str:
 # %% ../../nbs/api/53_compile_job.ipynb #2dac6ab7
 def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', overrides=(), steps: int = 2,
                   cache_dir=None, wait_s: float = 0, entry: str = 'nxpretrain.train.entry',
-                  submit_job: bool | None = None, show=print) -> CompileReport:
+                  submit_job: bool | None = None, show=print, cluster_option: str = '-p cluster') -> CompileReport:
     """Check `recipe` before its long run: its framework's ahead-of-time compile (trn1, trn2), a dry run of our engine,
     or the framework's contract on the written job. See the report's `ok`."""
     overrides = [o for o in ([overrides] if isinstance(overrides, str) else overrides) if o]
@@ -156,14 +166,16 @@ def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', ov
         rep.reason = reason
         show(rep)
         return rep
-    # a framework's compile reads the Neuron cache beside its job; inductor's is the recipe's, as the training job's
+    # a Neuron compile fills the cache the training job reads (runs/neuron-cache beside runs/compile and runs/jobs);
+    # inductor's is the recipe's, as the training job's
     from nxpretrain.engines.base import engine_of
     neuron = prof.backend in ('xla', 'neuron') and engine_of(r).own_neuron_cache
-    cache = Path(cache_dir or (out_dir / 'compile-cache' if neuron or prof.backend == 'xla' else compile_cache_dir(r)))
+    cache = Path(cache_dir or (neuron_cache_dir(r, out_dir.parent) if neuron or prof.backend == 'xla'
+                               else compile_cache_dir(r)))
     rep.cache_env = cache_env(cache, prof.backend)
     cache.mkdir(parents=True, exist_ok=True)
     rep.job = _stage_job(rep, r, prof, out_dir, steps, entry)
-    if reason := _run_stage_job(rep, r, prof, cluster, wait_s, submit_job):
+    if reason := _run_stage_job(rep, r, prof, cluster, wait_s, submit_job, cluster_option):
         rep.reason = reason
         show(rep)
         return rep

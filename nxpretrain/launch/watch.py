@@ -138,7 +138,9 @@ def watch(job, timeout: float = 3600, every: float = 10, poll: float = 1.0, widg
           engine: str | None = None, max_steps: int | None = None) -> ProgressReader:
     """Follow `job` (a job id of any scheduler, or a log path) until it ends; show live progress, read by its engine
     (`progress_parser`), to `max_steps` where given. Returns the reader with every row."""
-    is_log = isinstance(job, Path) or (isinstance(job, str) and os.sep in job)   # a job id has no slash
+    # a job id has no slash; a log file is named by its path, or by its plain name when it is here (`watch seed0.log`)
+    is_log = isinstance(job, Path) or (isinstance(job, str) and (os.sep in job or (not job.isdigit()
+                                                                                   and Path(job).is_file())))
     path, parse = Path(job) if is_log else None, progress_parser(job, engine)
     def parse_row(line): return run_progress(p, max_steps) if (p := parse(line)) else None
     t0, last_print, shown, rd = time.time(), 0.0, None, None

@@ -19,6 +19,7 @@ from .checkpoint import TRACKER, tracked_iteration
 from ..images import image_hint
 from ..setup import Step, checkout_step, framework_checkout
 from ...data_paths import data_prefix, gpt2_files
+from ...seeds import carried_env, job_seed, write_differences
 
 # %% auto #0
 __all__ = ['RECOMPUTE_MODULES', 'SEED2_CHECKPOINT_FLAGS', 'RANK_SH', 'JOB_BODY', 'MEGATRON_COMMIT',
@@ -245,7 +246,8 @@ def megatron_job_script(r: Recipe, prof, out: Path, rank_sh: Path, needs: dict, 
                            srun_options=srun_options(prof, out / r.name, megatron_lm), max_restarts=MAX_RESTARTS,
                            tracker=q(str(out / r.name / 'checkpoints' / TRACKER)), iters=int(r.trainer.max_steps))
     title = f"# Megatron-LM job for recipe {r.name} at {MEGATRON_COMMIT[:8]}: {r.cluster.nodes} × {prof.name}"
-    return '\n'.join(['#!/bin/bash', title, *header, '', *export_lines(prof.env), f"cd {q(str(out))}", body])
+    env = {**prof.env, **carried_env(job_seed(r))}   # the seed's own variables (seed 2's NCCL set) over the profile's
+    return '\n'.join(['#!/bin/bash', title, *header, '', *export_lines(env), f"cd {q(str(out))}", body])
 
 # %% ../../../nbs/api/52b_megatron.ipynb #40665a54
 def planned_seconds(r: Recipe) -> tuple[float, float]:
@@ -275,6 +277,7 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
     run_dir, mlm = out / r.name, plain_value('path', megatron_lm or str(out / 'Megatron-LM'), 'megatron_lm')
     for d in (out / 'logs', run_dir / 'checkpoints', run_dir / 'tb'): d.mkdir(parents=True, exist_ok=True)
     to_yaml(r, out / 'recipe.yaml')
+    write_differences(r, out)                  # what of its seed's scripts the job does not carry, and why
     step_seconds, save_seconds = planned_seconds(r)
     flags = (model_flags(r.model) + layout_flags(r) + training_flags(r, step_seconds)
              + io_flags(r, run_dir, data_root, step_seconds, save_seconds))
@@ -290,7 +293,7 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
               prof.devices_per_node, prof.name, {}, distributed=False, partition=r.cluster.partition,
               time=r.cluster.time, scheduler='slurm', log=str(out / 'logs' / '%x-%j.out'), script_suffix='sbatch',
               run_dir=run_dir, engine='megatron')
-    needs = megatron_needs(flags, mlm, prof.container)
+    needs = megatron_needs(flags, mlm, prof.container, r.name)
     if init_from:                                      # the converted weights, and the one command that makes them
         from nxpretrain.convert.init_from import init_from_command
         needs[f'{init_from}/{TRACKER}'] = 'convert the HF weights (any CPU): ' + init_from_command(
@@ -299,7 +302,7 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
     job.script_path.write_text(job.script)
     return {'train': job}
 
-def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '') -> dict:
+def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '', recipe: str = 'RECIPE') -> dict:
     """{path the job reads: what makes it} for the container image, the checkout, the data and the tokenizer files the
     flags name."""
     values = {f[0]: f[1:] for f in flags}
@@ -307,7 +310,7 @@ def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '') ->
                                                 f"git -C {megatron_lm} checkout {MEGATRON_COMMIT}"}
     if container.endswith('.sqsh'):
         needs[container] = image_hint(container)
-    needs.update({p + '.idx': 'prepare the corpus: nxpretrain data RECIPE' for p in values['data-path'][1::2]
+    needs.update({p + '.idx': f"prepare the corpus: nxpretrain data {recipe}" for p in values['data-path'][1::2]
                   or values['data-path']})
     needs.update({values[k][0]: 'GPT-2 vocab.json and merges.txt from https://huggingface.co/gpt2'
                   for k in ('vocab-file', 'merge-file') if k in values})

@@ -14,18 +14,14 @@ from ...validate import validate
 from ..base import Calibration, Engine, register_engine
 from ...launch.job import Job, export_lines, job_name, make_job, plain_value, resolve_cluster
 from ...launch.slurm import requeue_on_failure, sbatch_header
+from ...seeds import carried_env, write_differences
 
 # %% auto #0
 __all__ = ['SEED3_ENV', 'SEED3_CC_FLAGS', 'RUN_XLA_SH', 'xla_jobs', 'export_xla_dp', 'native_problems',
            'complete_checkpoints', 'unfinished', 'native_calibration', 'preflight_job', 'NativeEngine']
 
 # %% ../../../nbs/api/49c_native.ipynb #49e34a2c
-SEED3_ENV = {'NEURON_RT_EXEC_TIMEOUT': '600', 'NEURON_RT_STOCHASTIC_ROUNDING_SEED': '0',
-             'TF_GRPC_DEFAULT_OPTIONS': 'grpc.keepalive_time_ms=60000,grpc.keepalive_timeout_ms=14400000,'
-                                        'grpc.http2.max_pings_without_data=0,'
-                                        'grpc.http2.min_ping_interval_without_data_ms=600000',
-             'FI_EFA_USE_DEVICE_RDMA': '1', 'FI_PROVIDER': 'efa', 'FI_EFA_FORK_SAFE': '1', 'BUCKET_CAP_MB': '512',
-             'XLA_TRANSFER_SEED_ASYNC': '1'}
+SEED3_ENV = carried_env(3, skip=('NEURON_CC_FLAGS',))   # catalog/seeds/seed3.yaml; the flags are RUN_XLA_SH's line
 # dp_bert_large_hf_pretrain_hdf5.py:80 appends these
 SEED3_CC_FLAGS = '--model-type=transformer --retry_failed_compilation'
 
@@ -90,6 +86,7 @@ def export_xla_dp(r: Recipe, out_dir, cache_url: str = '', data_root='runs/data'
                                     cache=q(cache_url or str(out / 'neuron-cache')), devices=int(prof.devices_per_node),
                                     python=q(sys.executable), data_root=q(str(Path(data_root).absolute()))))
     sh.chmod(0o755)
+    write_differences(r, out)                  # what of seed 3's scripts the job does not carry, and why
     return xla_jobs(r, prof, out, sh)
 
 # %% ../../../nbs/api/49c_native.ipynb #e063974a

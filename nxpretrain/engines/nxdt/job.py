@@ -24,6 +24,7 @@ from ...launch.job import Job, export_lines, plain_value, job_name, resolve_clus
 from ...launch.slurm import requeue_on_failure, sbatch_header
 from ..base import Calibration, Engine, Memory, register_engine
 from ...launch.watch import clock_seconds, metric_value
+from ...seeds import carried_env, job_seed, seed_config, write_differences
 
 # %% auto #0
 __all__ = ['NXDT_ENV', 'TRAIN_SH', 'NXDT_TB_TAGS', 'CONVERTER', 'recompute_modules', 'llama_config_json',
@@ -132,7 +133,9 @@ def _model_keys(recipe: Recipe, source: str) -> dict:
 def _optional_keys(recipe: Recipe, example: dict, source: str) -> dict:
     "Keys the example may lack: set where it has them, or where the recipe differs from NxDT's default."
     p, o, t = recipe.parallel, recipe.optim, recipe.trainer
-    optional = {'model.optim.sched.max_steps': (o.decay_steps or t.max_steps, t.max_steps),
+    # NeMo's CosineAnnealing decays until sched.max_steps - constant_steps, then holds min_lr: the run's length and
+    # its constant tail (seed 0's test.sh: 300000 steps, constant_steps 80000)
+    optional = {'model.optim.sched.max_steps': (t.max_steps, t.max_steps),
                 'model.optim.sched.min_lr': (o.min_lr, 0.0),
                 'model.optim.sched.constant_steps': (t.max_steps - (o.decay_steps or t.max_steps), 0),
                 'distributed_strategy.context_parallel_size': (p.cp, 1),
@@ -217,6 +220,7 @@ def nxdt_config(recipe: Recipe, devices: int, nodes: int, out_dir='runs', train_
     c = {**example, **_run_keys(recipe, devices, nodes, out_dir, init_from), **_model_keys(recipe, source)}
     c.update(_optional_keys(recipe, example, source))
     c.update(_trn2_keys(recipe, example, devices, source))
+    c.update(seed_config(job_seed(recipe)))     # the seed's variables NxDT sets from these keys (seed 0's flags)
     c.update(
         _hf_keys(recipe, c, train_dir, data_root, model_config) if source == 'hf' else
         _megatron_keys(recipe, train_dir, data_root)
@@ -225,9 +229,7 @@ def nxdt_config(recipe: Recipe, devices: int, nodes: int, out_dir='runs', train_
     return _nest(c)
 
 # %% ../../../nbs/api/52_nxdt.ipynb #3e919c7e
-NXDT_ENV = {'FI_EFA_USE_DEVICE_RDMA': '1', 'FI_PROVIDER': 'efa', 'FI_EFA_FORK_SAFE': '1',
-            'XLA_DISABLE_FUNCTIONALIZATION': '0', 'HYDRA_FULL_ERROR': '1', 'MALLOC_ARENA_MAX': '128',
-            'CREATE_TB_LOGGER': 'True', 'CHECKPOINT_CALLBACK': 'True'}
+NXDT_ENV = carried_env(4)   # seed 4's examples/train_setup.sh: catalog/seeds/seed4.yaml
 
 # %% ../../../nbs/api/52_nxdt.ipynb #2b14e56a
 TRAIN_SH = r'''#!/usr/bin/env bash
@@ -377,11 +379,14 @@ def export_nxdt(recipe: Recipe | str, out_dir, cluster=None, overrides=(), cache
     (out / 'conf' / f"{conf}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     run_dir = Path(cfg['exp_manager']['explicit_log_dir'])
     sh = out / 'train.sh'
-    env = {'NEURON_LOGICAL_NC_CONFIG': str(prof.lnc)} if prof.lnc else {}
+    seed = job_seed(r)
+    env = carried_env(seed) if seed != 4 else {}   # seed 4's is train.sh's own (NXDT_ENV)
+    if prof.lnc: env['NEURON_LOGICAL_NC_CONFIG'] = str(prof.lnc)
     sh.write_text(train_sh(r, prof.devices_per_node, cache_url, conf, _needs(r, cfg, data_root, init_from,
                                                                              str(model_json), init_from_hf),
                            init_from, str(run_dir / 'checkpoints'), env))
     sh.chmod(0o755)
+    write_differences(r, out)                  # what of its seed's scripts the job does not carry, and why
     return _nxdt_jobs(r, prof, out, sh, out / 'conf' / f"{conf}.yaml", run_dir)
 
 # %% ../../../nbs/api/52_nxdt.ipynb #fa581bbd
