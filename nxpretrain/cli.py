@@ -171,8 +171,10 @@ def _cancel(a):
 def _watch(a):
     from nxpretrain.launch.watch import watch
     if a.nodes:                                    # each node's CPU, memory and accelerators, gathered on the nodes
-        from nxpretrain.launch.nodes import node_usage, usage_table
-        print(usage_table(node_usage(a.job_id)).text() + '\n', flush=True)
+        from nxpretrain.launch.launcher import find_launcher
+        from nxpretrain.launch.nodes import usage_table
+        ln, jid = find_launcher(a.job_id)
+        print(usage_table(ln.node_usage(jid)).text() + '\n', flush=True)
     watch(a.job_id, timeout=a.timeout, widgets=False, engine=a.engine, max_steps=a.max_steps)
 
 # %% ../nbs/api/08_cli.ipynb #cc650eae

@@ -70,6 +70,15 @@ def test_the_monitor_runs_no_scheduler_command():
         assert word not in text, word
 
 
+def test_only_the_slurm_launcher_runs_slurm_commands():
+    "Engines describe jobs and the node collector parses; the Slurm launcher (and its set-up check) run Slurm's tools."
+    engines = [PKG / 'launch' / f"{e}.py" for e in ('native', 'nxdt', 'megatron')] + list(PKG.glob('engines/**/*.py'))
+    for path in [PKG / 'launch' / 'nodes.py', *[p for p in engines if p.exists()]]:
+        text = path.read_text()
+        assert 'subprocess' not in text and 'sbatch_header' not in text, path
+        assert "scheduler='slurm'" not in text, path
+
+
 def test_no_export_cell_longer_than_60_lines():
     "fastcore's rhythm: a unit, a sentence, its example – a long class is split with @patch, as 41_checkpoint does."
     import json

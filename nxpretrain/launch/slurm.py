@@ -8,7 +8,7 @@ from __future__ import annotations
 import json, os, re, shlex, shutil, subprocess, time
 from fastcore.basics import patch
 from pathlib import Path
-from ..errors import EXIT_REQUEUE, SlurmError
+from ..errors import EXIT_REQUEUE, LaunchError, SlurmError
 from ..clusters import ClusterProfile, profile
 from .launcher import (END_STATES, JobState, JobStatus, Launcher, find_records, record_job, register,
                                         tail_file)
@@ -370,10 +370,23 @@ def slurm_cancel(job_id, signal: str | None = None) -> None:
     _slurm('scancel', *([f"--signal={signal}", '--batch'] if signal else []), str(job_id))
 
 @patch
-def node_usage(self: SlurmLauncher, job_id) -> list[dict]:
-    "Per-node use of running job `job_id`: a step on each of its nodes (`nxpretrain.launch.nodes`)."
-    from nxpretrain.launch.nodes import node_usage
-    return node_usage(str(job_id))
+def node_usage(self: SlurmLauncher, job_id, timeout: float = 60) -> list[dict]:
+    "Per-node use of running job `job_id`: `nxpretrain.launch.nodes.COLLECT` as a step on each of its nodes."
+    from nxpretrain.launch.nodes import COLLECT, parse_node_output
+    if not shutil.which('srun'):
+        raise LaunchError("no Slurm here: srun is not on PATH; run on the cluster's login node")
+    s = self.listed(str(job_id))
+    if s is None:
+        raise LaunchError(f"job {job_id}: not in Slurm's queue; give a running job's id from nxpretrain jobs")
+    if s.state != JobState.RUNNING:
+        raise LaunchError(f"job {job_id} is {str(s.state).lower()}: only a running job's nodes can be asked")
+    n = s.nodes
+    argv = ['srun', '--overlap', f'--jobid={job_id}', f'--nodes={n}', f'--ntasks={n}', '--ntasks-per-node=1', '--label',
+            'bash', '-c', COLLECT]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if p.returncode:
+        raise LaunchError(f"job {job_id}: srun --overlap failed: {p.stderr.strip().splitlines()[-1:] or p.returncode}")
+    return parse_node_output(p.stdout)
 
 @patch
 def release(self: SlurmLauncher, job_id, timeout: float = 120, settle: float = 3) -> None:
