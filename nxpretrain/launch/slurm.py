@@ -152,6 +152,7 @@ def _array_script(job: Job, prof: ClusterProfile) -> list[str]:
         f"srun --ntasks=1 {srun_words(job.site, starts_ranks=False)}{quote_argv(job.argv)}",
     ]
 
+# %% ../../nbs/api/56_slurm.ipynb #3ca22022
 _NEEDS = '''for need in {needs}; do
     [ -e "${{need%%::*}}" ] || {{ echo "nxpretrain: ${{need%%::*}} is missing: ${{need#*::}}" >&2; exit 2; }}
 done'''
@@ -187,6 +188,8 @@ def _step_script(job: Job, prof: ClusterProfile) -> list[str]:
         *([_NEEDS.format(needs=' '.join(q(f"{k}::{v}") for k, v in job.needs.items()))] if job.needs else []),
         *step,
     ]
+
+
 
 # %% ../../nbs/api/56_slurm.ipynb #4566badd
 def _slurm(*argv, check=True, timeout=60) -> str:
