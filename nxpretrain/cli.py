@@ -121,7 +121,8 @@ def _trace_dict(t) -> dict:
 # %% ../nbs/api/08_cli.ipynb #edfd0a99
 def _train(a):
     from nxpretrain.stages import train_stage
-    train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out, dry_run=a.dry_run, test_only=a.test_only)
+    train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out, dry_run=a.dry_run, test_only=a.test_only,
+                stage=a.stage)
 
 def _setup(a):
     from nxpretrain.machine import report_text, report_dict, machine_report, recipe_readiness, Table
@@ -321,6 +322,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--dry-run', action='store_true', help='plan and write the job; train and submit nothing')
     p.add_argument('--test-only', action='store_true', help='ask Slurm when the job would start (sbatch --test-only); '
                                                             'submit nothing')
+    p.add_argument('--stage', default='', help="the cluster's shared folder its job lives under (default: "
+                                               "$NXPRETRAIN_STAGE, else the cluster profile's stage)")
     p = cmd('setup', _setup, 'what this machine offers and what each recipe still needs here', json=True)
     p.add_argument('--recipes', default='all', help='comma-separated recipe names, or all')
     p.add_argument('--recipe', default='', metavar='NAME', help='everything one recipe needs and lacks here')

@@ -82,11 +82,13 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 out_dir: str = 'runs',     # where logs, TensorBoard events and checkpoints go
                 show=print,                # how to show the plan (display in notebooks)
                 dry_run: bool = False,     # plan and write the job, train and submit nothing
-                test_only: bool = False):  # ask the scheduler when the job would start, submit nothing
+                test_only: bool = False,   # ask the scheduler when the job would start, submit nothing
+                stage: str = ''):          # the cluster's shared job folder ('': NXPRETRAIN_STAGE or the profile's)
     """Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop; the job is the one its
     engine writes (nxpretrain's trainer, NxD Training, Megatron-LM)."""
     r = load_recipe(model, overrides, max_steps)
     action, reason = where_to_train(r, cluster)
+    to_a_cluster = action == 'submit'                 # one that answers here: the profile's stage folder is there
     if action == 'submit' and not dry_run:            # our one line, before the scheduler's own words
         from nxpretrain.launch.job import resolve_cluster
         from nxpretrain.launch.launcher import launcher_for
@@ -100,11 +102,17 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         return train(r, out_dir=out_dir)
     from nxpretrain.launch.engine import engine_of
     from nxpretrain.launch.launcher import get_launcher
-    where = (Path(out_dir) / 'jobs' / r.name).absolute()   # the job runs from its own folder
+    from nxpretrain.launch.job import resolve_cluster
+    from nxpretrain.launch.stage import data_root, stage_root
+    on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
+    # a cluster job lives under the stage folder (job files, data, checkpoints, checkout, image), the seeds' $STAGE_PATH
+    root = None if on_this_machine else stage_root(r, resolve_cluster(r, cluster or None)[1], stage, to_a_cluster)
+    if root: r = override(r, f"cluster.stage={root}")
+    where = (root / 'jobs' / r.name) if root else (Path(out_dir) / 'jobs' / r.name).absolute()   # its own folder
     # the engine's job (a framework that compiles ahead of time: compile first, 03_compile); checks the recipe against
     # the cluster and quotes every value
-    on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
     options = {'scheduler': 'local'} if on_this_machine else {}
+    options['data_root'] = str(data_root(root))       # NXPRETRAIN_DATA, else the stage's data/, else runs/data
     job = engine_of(r).export(r, where, cluster or None, **options)['train']
     if on_this_machine:
         from nxpretrain.launch.local import run_local

@@ -13,6 +13,7 @@ from ..models.registry import family
 from .engine import Engine, register_engine
 from .job import Job, job_name, plain_value, render_job, resolve_cluster
 from .jobspec import covering_mounts, outside_mounts, site_options
+from .stage import on_stage, stage_mounts, stage_root
 from ..errors import RecipeError
 from .megatron_contract import contract_problems, load_contract
 from .megatron_checkpoint import TRACKER, tracked_iteration
@@ -210,10 +211,11 @@ def megatron_job(r: Recipe, prof, out: Path, rank_sh: Path, flags: list[tuple], 
                  data_root) -> Job:
     "The description of `r`'s Megatron-LM job written under `out`: one task per GPU, in the profile's container."
     env = {**prof.env, 'CUDA_DEVICE_MAX_CONNECTIONS': '1'}
-    image = prof.container
+    root = stage_root(r, prof, profile_default=False)   # the image and the mounts move with a stage folder
+    image = on_stage(prof.container, prof, root)
     reads = [str(rank_sh), str(out / 'megatron.args'), f"{megatron_lm}/pretrain_gpt.py",
              *megatron_paths(flags, env)]
-    mounts = covering_mounts(reads, prof.container_mounts, [str(out), megatron_lm, str(Path(data_root).absolute())])
+    mounts = covering_mounts(reads, stage_mounts(prof, root), [str(out), megatron_lm, str(Path(data_root).absolute())])
     title = f"# Megatron-LM job for recipe {r.name} at {MEGATRON_COMMIT[:8]}: {r.cluster.nodes} × {prof.name}"
     return Job(job_name(r.name, 'train'), 'train', ['bash', str(rank_sh)], out, out / 'recipe.yaml', r.cluster.nodes,
                prof.devices_per_node, prof.name, env, distributed=False, partition=r.cluster.partition,
@@ -247,7 +249,9 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
     r, prof = resolve_cluster(override(recipe, *overrides), cluster)
     validate(r, r.cluster.nodes * prof.devices_per_node)
     out = Path(plain_value('path', Path(out_dir).absolute(), 'out_dir'))
-    run_dir, mlm = out / r.name, plain_value('path', megatron_lm or str(out / 'Megatron-LM'), 'megatron_lm')
+    root = stage_root(r, prof, profile_default=False)   # seed 2 checks Megatron-LM out under its $STAGE_PATH
+    checkout = str((root or out) / 'Megatron-LM')
+    run_dir, mlm = out / r.name, plain_value('path', megatron_lm or checkout, 'megatron_lm')
     for d in (out / 'logs', run_dir / 'checkpoints', run_dir / 'tb'): d.mkdir(parents=True, exist_ok=True)
     to_yaml(r, out / 'recipe.yaml')
     pl = plan(r)
