@@ -30,7 +30,10 @@ class Engine(ABC):
 
     @abstractmethod
     def export(self, recipe, out_dir, cluster=None, **options) -> dict:
-        "The job files of `recipe` under `out_dir`: {'train': Job}, and {'compile': Job} where the framework compiles."
+        """The job files of `recipe` under `out_dir`: {'train': Job}, and {'compile': Job} where the framework compiles.
+        Each `Job` describes what runs – argv, env, the per-node script, tasks per node, the image and its mounts, what
+        it needs, how it requeues – and its profile's launcher (`nxpretrain.launch.launcher`) writes the scheduler's
+        script from it (`render_job`): an engine names no scheduler."""
 
     def check(self, jobs: dict) -> list[str]:
         "What the framework's own contract says of the written jobs, one line per problem (empty when they pass)."
