@@ -57,16 +57,16 @@ def srun_words(site: dict, starts_ranks: bool = True) -> str:
     return ''.join(shlex.quote(w) + ' ' for w in words)
 
 # %% ../../nbs/api/49d_jobspec.ipynb #44df8205
-def rendezvous_lines(port) -> list[str]:
-    """Bash that sets MASTER_ADDR, MASTER_PORT (`port`, unless set already; both exported), NNODES and NODE_RANK: the
-    first node of the Slurm allocation, else this machine."""
+def rendezvous_lines(port, keep_set_port: bool = True) -> list[str]:
+    """Bash that sets MASTER_ADDR, MASTER_PORT (`port`, unless set already and `keep_set_port`; both exported), NNODES
+    and NODE_RANK: the first node of the Slurm allocation, else this machine."""
     return ['if [ -n "${SLURM_JOB_NODELIST:-}" ]; then',
             '    MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
             '    NNODES=$SLURM_NNODES; NODE_RANK=$SLURM_NODEID',
             'else',
             '    MASTER_ADDR=localhost; NNODES=1; NODE_RANK=0',
             'fi',
-            f"MASTER_PORT=${{MASTER_PORT:-{port}}}",
+            f"MASTER_PORT=${{MASTER_PORT:-{port}}}" if keep_set_port else f"MASTER_PORT={port}",
             'export MASTER_ADDR MASTER_PORT']
 
 # %% ../../nbs/api/49d_jobspec.ipynb #fe4b49cb

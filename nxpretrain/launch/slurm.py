@@ -128,7 +128,7 @@ def _train_script(job: Job, prof: ClusterProfile) -> list[str]:
         *export_lines(job.env),
         '',
         f"cd {shlex.quote(str(job.out_dir))}",
-        *rendezvous_lines('$(( 20000 + SLURM_JOB_ID % 20000 ))'),
+        *rendezvous_lines('$(( 20000 + SLURM_JOB_ID % 20000 ))', keep_set_port=False),   # one port per job
         'echo "nxpretrain: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST, rendezvous '
         '$MASTER_ADDR:$MASTER_PORT"',
         _RUN_STEP.format(srun_opts=srun_words(job.site) + _srun_options(job, prof), step=_wrap(step_command(job, prof)),
