@@ -51,9 +51,10 @@ def sbatch_site_lines(site: dict) -> list[str]:
     lines = [f"#SBATCH --{key}={shlex.quote(site[key])}" for key in SITE_KEYS if site.get(key)]
     return lines + [f"#SBATCH {shlex.quote(o)}" for o in site.get('sbatch', [])]
 
-def srun_words(site: dict, starts_ranks: bool = True) -> str:
+def srun_words(site: dict, starts_ranks: bool = True, kill_on_bad_exit: bool = True) -> str:
     "srun's options for `site`, and `STEP_OPTIONS` when the step starts the job's ranks; '' or ending in a space."
-    words = [*(STEP_OPTIONS if starts_ranks else ()), *site.get('srun', [])]
+    step = [o for o in STEP_OPTIONS if kill_on_bad_exit or not o.startswith('--kill-on-bad-exit')]
+    words = [*(step if starts_ranks else ()), *site.get('srun', [])]
     return ''.join(shlex.quote(w) + ' ' for w in words)
 
 # %% ../../nbs/api/49d_jobspec.ipynb #44df8205

@@ -131,7 +131,11 @@ def _train_script(job: Job, prof: ClusterProfile) -> list[str]:
         *rendezvous_lines('$(( 20000 + SLURM_JOB_ID % 20000 ))', keep_set_port=False),   # one port per job
         'echo "nxpretrain: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST, rendezvous '
         '$MASTER_ADDR:$MASTER_PORT"',
-        _RUN_STEP.format(srun_opts=srun_words(job.site) + _srun_options(job, prof), step=_wrap(step_command(job, prof)),
+        # not --kill-on-bad-exit: on the preemption notice a node's ranks exit 75 (requeue) as soon as their shards are
+        # written, while rank 0 may still write the checkpoint's COMPLETE marker; --wait=60 still ends the step a minute
+        # after its first node ended, so a dead node does not leave the others waiting in a collective
+        _RUN_STEP.format(srun_opts=srun_words(job.site, kill_on_bad_exit=False) + _srun_options(job, prof),
+                         step=_wrap(step_command(job, prof)),
                          requeue=EXIT_REQUEUE,
                          max_restarts=MAX_RESTARTS, status_file=status_file).rstrip(),
     ]
