@@ -108,7 +108,7 @@ class ClusterConfig:
     exclude: str = ''                    # sbatch --exclude: nodes the job must not run on
     sbatch: list[str] = field(default_factory=list)   # more sbatch options, each as written, e.g. --mail-type=END
     srun: list[str] = field(default_factory=list)     # more options of the srun that starts the ranks
-    stage: str = ''                      # the shared folder its jobs live under ('': the profile's; launch.stage)
+    stage: str = ''                      # the shared folder its jobs live under ('': the profile's; launch.stage_path)
 
 # %% ../nbs/api/00_config.ipynb #62749f49
 @dataclass

@@ -103,7 +103,7 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     from nxpretrain.launch.engine import engine_of
     from nxpretrain.launch.launcher import get_launcher
     from nxpretrain.launch.job import resolve_cluster
-    from nxpretrain.launch.stage import data_root, stage_root
+    from nxpretrain.launch.stage_path import data_root, stage_root
     on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
     # a cluster job lives under the stage folder (job files, data, checkpoints, checkout, image), the seeds' $STAGE_PATH
     root = None if on_this_machine else stage_root(r, resolve_cluster(r, cluster or None)[1], stage, to_a_cluster)

@@ -13,7 +13,7 @@ from ..models.registry import family
 from .engine import Engine, register_engine
 from .job import Job, job_name, plain_value, render_job, resolve_cluster
 from .jobspec import covering_mounts, outside_mounts, site_options
-from .stage import on_stage, stage_mounts, stage_root
+from .stage_path import on_stage, stage_mounts, stage_root
 from ..errors import RecipeError
 from .megatron_contract import contract_problems, load_contract
 from .megatron_checkpoint import TRACKER, tracked_iteration
