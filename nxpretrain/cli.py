@@ -126,7 +126,7 @@ def _trace_dict(t) -> dict:
 def _train(a):
     from nxpretrain.stages import train_stage
     train_stage(a.model, a.cluster, a.overrides, a.max_steps, a.out, dry_run=a.dry_run, test_only=a.test_only,
-                init_from=a.init_from, cluster_option='--cluster')
+                init_from=a.init_from, cluster_option='--cluster', stage=a.stage)
 
 def _setup_recipe(a):
     "`setup RECIPE`: what its job lacks, judged on a node of its partition (srun); `--prepare` makes it first."
@@ -199,8 +199,10 @@ def _cancel(a):
 def _watch(a):
     from nxpretrain.launch.watch import watch
     if a.nodes:                                    # each node's CPU, memory and accelerators, gathered on the nodes
-        from nxpretrain.launch.nodes import node_usage, usage_table
-        print(usage_table(node_usage(a.job_id)).text() + '\n', flush=True)
+        from nxpretrain.launch.launcher import find_launcher
+        from nxpretrain.launch.nodes import usage_table
+        ln, jid = find_launcher(a.job_id)
+        print(usage_table(ln.node_usage(jid)).text() + '\n', flush=True)
     watch(a.job_id, timeout=a.timeout, widgets=False, engine=a.engine, max_steps=a.max_steps)
 
 # %% ../nbs/api/08_cli.ipynb #cc650eae
@@ -370,6 +372,8 @@ def _parser() -> argparse.ArgumentParser:
                                                             'submit nothing')
     p.add_argument('--init-from', default='', metavar='HF_DIR', help='continue pretraining from this Hugging Face '
                                                                      "folder, converted once for the job's layout")
+    p.add_argument('--stage', default='', help="the cluster's shared folder its job lives under (default: "
+                                               "$NXPRETRAIN_STAGE, else the cluster profile's stage)")
     p = cmd('setup', _setup, "what this machine offers and what each recipe still needs here; with RECIPE, what its "
                              "job lacks on the partition it runs on", json=True)
     p.add_argument('model', nargs='?', default='', metavar='RECIPE',

@@ -33,6 +33,15 @@ class ClusterProfile:
     container_mounts: str = ''     # pyxis --container-mounts, e.g. /shared:/shared
     lnc: int = 0                   # Trainium2 logical NeuronCore config (1 or 2); 0 elsewhere
     scheduler: str = 'slurm'       # the launcher that queues its jobs (a name registered in nxpretrain.launch.launcher)
+    stage: str = ''                # the shared folder its jobs live under (seed 2's $STAGE_PATH); '': working folder
+    # the site's options for every job (nxpretrain.launch.jobspec.site_options); a recipe's cluster section overrides
+    account: str = ''
+    qos: str = ''
+    constraint: str = ''
+    reservation: str = ''
+    exclude: str = ''
+    sbatch: list = field(default_factory=list)   # more sbatch options, each as written
+    srun: list = field(default_factory=list)     # more options of the srun that starts the ranks
 
     @property
     def host_mb(self) -> int: return self.host_gib * 1024

@@ -9,7 +9,7 @@ import os, shlex, shutil, sys
 from pathlib import Path
 from .config import Recipe, override
 from .recipes import get_recipe, CATALOG
-from .validate import validate
+from .validate import validate, load_recipe
 from .errors import RecipeError
 from .clusters import profile
 from .plan import plan, Plan
@@ -17,18 +17,8 @@ from .errors import LaunchError, TrainingError
 from .runs import runs_dir
 
 # %% auto #0
-__all__ = ['load_recipe', 'where_to_train', 'Folded', 'job_summary', 'train_stage', 'visible', 'logged_steps',
+__all__ = ['where_to_train', 'Folded', 'job_summary', 'job_folder', 'train_stage', 'visible', 'logged_steps',
            'one_line_errors']
-
-# %% ../nbs/api/07_stages.ipynb #9d6cb3ca
-def load_recipe(model: str, overrides=(), max_steps: int | None = None, world: int | None = None) -> Recipe:
-    "Recipe `model` with `overrides` (a list, or one space/comma separated string) applied and validated."
-    if isinstance(overrides, str): overrides = overrides.replace(',', ' ').split()
-    r = get_recipe(model, *overrides)
-    if max_steps:
-        r = override(r, f'trainer.max_steps={int(max_steps)}',
-                     f'optim.warmup_steps={min(r.optim.warmup_steps, int(max_steps))}')
-    return validate(r, world)
 
 # %% ../nbs/api/07_stages.ipynb #fa095840
 def where_to_train(r: Recipe, cluster: str = '', cluster_option: str = '-p cluster') -> tuple[str, str]:
@@ -79,6 +69,15 @@ def _show_job(job, show, verb: str):
         title = f"{node_script} (what srun runs on every node; config: {job.recipe_path})"
         show(Folded(title, node_script.read_text()))
 
+# %% ../nbs/api/07_stages.ipynb #6aeea9c4
+def job_folder(r: Recipe, cluster: str, stage: str, to_a_cluster: bool, out_dir, on_this_machine: bool) -> tuple:
+    "(recipe with its `cluster.stage`, the stage root or None, the job's own folder) of `r`'s job."
+    from nxpretrain.launch.job import resolve_cluster
+    from nxpretrain.launch.stage_path import stage_root
+    root = None if on_this_machine else stage_root(r, resolve_cluster(r, cluster or None)[1], stage, to_a_cluster)
+    if root: r = override(r, f"cluster.stage={root}")
+    return r, root, (root / 'jobs' / r.name) if root else runs_dir(out_dir) / 'jobs' / r.name
+
 # %% ../nbs/api/07_stages.ipynb #5eff045e
 def _recorded(res, model: str):
     "Write the outcome of in-process training result `res` into its run folder, with the notebook that ran it."
@@ -101,13 +100,15 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 dry_run: bool = False,     # plan and write the job, train and submit nothing
                 test_only: bool = False,   # ask the scheduler when the job would start, submit nothing
                 init_from: str = '',      # an HF model folder to continue pretraining from (converted for the job)
-                cluster_option: str = '-p cluster'):  # how the caller names a cluster in hints (CLI: --cluster)
+                cluster_option: str = '-p cluster',  # how the caller names a cluster in hints (CLI: --cluster)
+                stage: str = ''):          # the cluster's shared job folder ('': NXPRETRAIN_STAGE or the profile's)
     """Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop; the job is the one its
     engine writes (nxpretrain's trainer, NxD Training, Megatron-LM)."""
     init_from = init_from or next((o.split('=', 1)[1] for o in overrides if o.startswith('init_from=')), '')
     overrides = [o for o in overrides if not o.startswith('init_from=')]
     r = load_recipe(model, overrides, max_steps)
     action, reason = where_to_train(r, cluster, cluster_option)
+    to_a_cluster = action == 'submit'                 # one that answers here: the profile's stage folder is there
     if action == 'submit' and not dry_run:            # our one line, before the scheduler's own words
         from nxpretrain.launch.job import resolve_cluster
         from nxpretrain.launch.launcher import launcher_for
@@ -120,16 +121,17 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     from nxpretrain.launch.launcher import get_launcher
     engine = engine_of(r)
     if action == 'local' and engine.in_process: return _recorded(engine.train(r, str(runs_dir(out_dir))), model)
-    where = runs_dir(out_dir) / 'jobs' / r.name   # the job runs from its own folder
-    # the engine's job (a framework that compiles ahead of time: compile first, 03_compile); checks the recipe against
-    # the cluster and quotes every value
+    from nxpretrain.launch.job import resolve_cluster
+    from nxpretrain.launch.stage_path import data_root
     on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
+    r, root, where = job_folder(r, cluster, stage, to_a_cluster, out_dir, on_this_machine)
+    # the engine's job, checked against the cluster, every value quoted (where the framework compiles: 03_compile first)
     options = {'scheduler': 'local'} if on_this_machine else {}
     if init_from: options.update(_init_options(r, init_from, where, convert_now=not dry_run))
-    from nxpretrain.launch.job import resolve_cluster
     if resolve_cluster(r, cluster or None)[1].backend in ('xla', 'neuron'):   # the cache `nxpretrain compile` filled
         from nxpretrain.launch.compile_job import neuron_cache_dir
         options['cache_url'] = str(neuron_cache_dir(r, out_dir))
+    options['data_root'] = str(data_root(root))       # NXPRETRAIN_DATA, else the stage's data/, else runs/data
     job = engine.export(r, where, cluster or None, **options)['train']
     if on_this_machine:
         from nxpretrain.launch.local import run_local

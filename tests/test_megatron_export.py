@@ -139,7 +139,7 @@ def test_rank_sh_passes_the_flags_word_for_word(tmp_path):
     mlm.mkdir()
     (mlm / 'pretrain_gpt.py').write_text(STAND_IN)
     (mlm / 'fail').touch()     # stop after recording argv
-    env = {**os.environ, 'SLURM_PROCID': '0', 'SLURM_LOCALID': '0', 'SLURM_NTASKS': '1'}
+    env = {**os.environ, 'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '1'}   # what the launcher gives each task
     p = subprocess.run(['bash', str(job.out_dir / 'rank.sh')], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 3, p.stderr
     argv = json.loads((mlm / 'argv.0.json').read_text())

@@ -18,7 +18,7 @@ def two_nodes():
 
 def test_watch_shows_both_nodes(two_nodes, tmp_path):
     from nxpretrain.cli import main
-    from nxpretrain.launch.nodes import node_usage
+    from nxpretrain.launch.slurm import SlurmLauncher
     p = subprocess.run(['sbatch', '--parsable', '-N', '2', '-o', str(tmp_path / 'j.log'), '--wrap', 'sleep 120'],
                        capture_output=True, text=True, check=True)
     job = p.stdout.strip().split(';')[0]
@@ -31,7 +31,7 @@ def test_watch_shows_both_nodes(two_nodes, tmp_path):
             ):
                 break
             time.sleep(0.5)
-        rows = node_usage(job)
+        rows = SlurmLauncher().node_usage(job)     # only the Slurm launcher runs Slurm's commands
         assert len(rows) == 2 and len({r['node'] for r in rows}) == 2, rows
         for r in rows: assert 0 <= r['cpu'] <= 100 and 0 < r['mem_used_bytes'] < r['mem_total_bytes'], r
         out = io.StringIO()

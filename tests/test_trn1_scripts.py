@@ -34,7 +34,7 @@ LEFT_TO_NXDT = [('XLA_USE_BF16', NXDT + 'training_orchestrator.py:104-131'),
                 ('NEURON_FUSE_SOFTMAX', NXDT + 'training_orchestrator.py:35-36')]
 # (torchrun argument, value on node 3 of 16, source)
 TORCHRUN = [('--nproc_per_node', '32', NXDT + "train.sh:10-11,16 (the YAML's trainer.devices)"),
-            ('--nnodes', '16', NXDT + 'train.sh:16 ($NTASKS = $SLURM_NTASKS, one task per node)'),
+            ('--nnodes', '16', NXDT + 'train.sh:16 ($NTASKS = $SLURM_NTASKS, one task per node: = $SLURM_NNODES)'),
             ('--node_rank', '3', NXDT + 'train.sh:16 ($NODEID = $SLURM_NODEID)'),
             ('--master_addr', 'trn-node-1', NXDT + 'train_setup.sh:63 (first host of the allocation)'),
             ('--master_port', '41000', NXDT + 'train_setup.sh:64'),
@@ -144,7 +144,8 @@ SEED3_ENV = [
 ]
 SEED3_TORCHRUN = [
     ('--nproc_per_node', '32', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:56,77 (32 NeuronCores)'),
-    ('--nnodes', '16', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:72,77 ($SLURM_NTASKS)'),
+    ('--nnodes', '16', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:72,77 ($SLURM_NTASKS, one task per node: '
+                              '= $SLURM_NNODES)'),
     ('--node_rank', '3', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:73,77 ($SLURM_NODEID)'),
     ('--master_addr', 'trn-node-1', SEED3 + 'run_dp_bert_large_hf_pretrain_bf16_s128.sh:74 (first host of the '
                                             'allocation)'),
@@ -182,7 +183,7 @@ def test_bert_torchrun_and_compile_are_seed3s(bert):
     python = script.split(' -m torch.distributed.run')[0].rsplit('\n', 1)[1]
     (d / 'run/run_xla.sh').write_text(script.replace(python + ' -m torch.distributed.run', 'echo torchrun'))
     env = {**os.environ, 'PATH': f"{bin_}:{os.environ['PATH']}", 'SLURM_JOB_NODELIST': 'trn-node-[1-16]',
-           'SLURM_NTASKS': '16', 'SLURM_NODEID': '3'}
+           'SLURM_NTASKS': '16', 'SLURM_NNODES': '16', 'SLURM_NODEID': '3'}
     out = subprocess.run(
         [str(d / 'run/run_xla.sh')], env=env, check=True, capture_output=True, text=True
     ).stdout.split()
@@ -204,7 +205,9 @@ def test_bert_torchrun_and_compile_are_seed3s(bert):
     tr = get_recipe(a.recipe, *a.overrides).trainer
     assert (tr.resume, tr.save_every, tr.save_every_minutes, t.overrides) == (False, 0, 0, [])
     # seed 3: sbatch --exclusive --nodes=16 --wrap "srun neuron_parallel_compile ./run...sh", then the same without it
-    assert f"srun neuron_parallel_compile {d / 'run/run_xla.sh'}" in jobs['compile'].script
+    # (with the step options every job's srun has: one failed node ends the step)
+    step = f"srun --kill-on-bad-exit=1 --wait=60 neuron_parallel_compile {d / 'run/run_xla.sh'}"
+    assert step in jobs['compile'].script
     assert 'neuron_parallel_compile' not in jobs['train'].script and '#SBATCH --exclusive' in jobs['train'].script
     assert '#SBATCH --nodes=16' in jobs['compile'].script
 

@@ -23,6 +23,7 @@ command -v git >/dev/null 2>&1 || missing+=(git)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)   # Selenium drives Debian's Chromium (tests/test_browser.py)
 dpkg -s fonts-dejavu-core >/dev/null 2>&1 || missing+=(fonts-dejavu-core)
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)   # the container stand-in of tests/test_container_job.py
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   $SUDO apt-get update -qq

@@ -55,7 +55,8 @@ class Engine(ABC):
 
     @abstractmethod
     def export(self, recipe, out_dir, cluster=None, **options) -> dict:
-        "The job files of `recipe` under `out_dir`: {'train': Job}, and {'compile': Job} where the framework compiles."
+        """{'train': Job} (and 'compile' where it compiles) of `recipe` under `out_dir`: each Job says what runs (argv,
+        env, per-node script, image, mounts); the profile's launcher writes the scheduler's script from it."""
 
     def check(self, jobs: dict) -> list[str]:
         "What the framework's own contract says of the written jobs, one line per problem (empty when they pass)."

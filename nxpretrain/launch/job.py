@@ -14,6 +14,7 @@ from ..recipes import get_recipe
 from ..validate import validate
 from ..clusters import ClusterProfile, PROFILES, profile
 from .launcher import get_launcher
+from .jobspec import site_options
 
 # %% auto #0
 __all__ = ['plain_value', 'job_name', 'time_limit_seconds', 'parse_cluster', 'resolve_cluster', 'Job', 'torchrun_argv',
@@ -105,6 +106,19 @@ class Job:
     dependency: str = ''           # e.g. afterok:12, once submitted after other jobs
     engine: str = 'native'         # the framework it runs (`nxpretrain.engines.base`): how its log and checkpoints
                                    # are read
+    # what an engine's job asks of its launcher, whatever the scheduler (`distributed=False` jobs):
+    tasks_per_node: int = 1        # tasks each node starts: 1 (a per-node script), or one per device
+    task_is_rank: bool = False     # each task is a rank: the launcher exports RANK, LOCAL_RANK and WORLD_SIZE
+    node_script: Path | None = None  # the script each task runs (the engine's), when `argv` runs one
+    image: str = ''                # the container image the tasks run in ('' : none)
+    mounts: list = field(default_factory=list)  # 'SRC:DST' paths the container sees besides its image
+    needs: dict = field(default_factory=dict)   # {path the job reads: the command that makes it}, checked first
+    requeue_on: str = ''           # '' : the ranks checkpoint on the notice; 'failure'; or 'unfinished' (see below)
+    unfinished: str = ''           # bash run after the step, setting unfinished=yes when the run must go on
+    signal: str = 'B:USR1'         # what the scheduler sends `signal_grace` s ahead of the time limit
+    rendezvous_port: str = ''      # set: the launcher exports MASTER_ADDR and MASTER_PORT (this port by default)
+    site: dict = field(default_factory=dict)   # site options (`nxpretrain.launch.jobspec.site_options`)
+    title: str = ''                # the script's first comment, what the job is
 
     @property
     def script_path(self) -> Path: return self.out_dir / f"{self.kind}.{self.script_suffix}"
@@ -166,7 +180,8 @@ def make_job(recipe: Recipe | str, cluster=None, out_dir='runs/job', overrides=(
     env = {**prof.env, 'OMP_NUM_THREADS': str(threads), **(env or {})}
     job = Job(job_name(r.name, kind), kind, entry_argv(entry, recipe_path, overrides), out_dir, recipe_path,
               r.cluster.nodes, dev, prof.name, env, partition=r.cluster.partition, time=r.cluster.time,
-              signal_grace=signal_grace, run_dir=out_dir / r.name, scheduler=scheduler or prof.scheduler)
+              signal_grace=signal_grace, run_dir=out_dir / r.name, scheduler=scheduler or prof.scheduler,
+              site=site_options(r.cluster, prof))
     render_job(job)
     if write: write_job(job, r)
     return job
@@ -196,7 +211,8 @@ def make_array_job(
     env = {'OMP_NUM_THREADS': '1', **(env or {})}
     job = Job(job_name(name, kind), kind, list(map(str, argv)), out_dir, out_dir / 'recipe.yaml', 1, 1, prof.name, env,
               distributed=False, tasks=tasks, max_parallel=max_parallel, partition=ccfg.partition, time=ccfg.time,
-              requeue=False, cpus_per_task=cpus_per_task or prof.cpus_per_node, scheduler=scheduler or prof.scheduler)
+              requeue=False, cpus_per_task=cpus_per_task or prof.cpus_per_node, scheduler=scheduler or prof.scheduler,
+              site=site_options(ccfg, prof))
     return write_job(render_job(job))
 
 # %% ../../nbs/api/50_job.ipynb #673c9ba5

@@ -15,9 +15,10 @@ from ..errors import LaunchError, RecipeError
 from ..clusters import ClusterProfile, profile
 
 # %% auto #0
-__all__ = ['END_STATES', 'LAUNCHERS', 'JobState', 'JobStatus', 'Launcher', 'tail_file', 'register', 'get_launcher',
-           'launcher_for', 'records_path', 'record_job', 'find_records', 'find_launcher', 'status', 'cancel', 'tail',
-           'log_path', 'wait', 'submit', 'submit_chain', 'job_table']
+__all__ = ['END_STATES', 'LAUNCHERS', 'BUILT_IN_LAUNCHERS', 'LAUNCHER_GROUP', 'JobState', 'JobStatus', 'Launcher',
+           'tail_file', 'register', 'load_launcher_plugin', 'get_launcher', 'launcher_for', 'records_path',
+           'record_job', 'find_records', 'find_launcher', 'status', 'cancel', 'tail', 'log_path', 'wait', 'submit',
+           'submit_chain', 'job_table']
 
 # %% ../../nbs/api/49_launcher.ipynb #74e14c80
 class JobState(str, Enum):
@@ -154,16 +155,23 @@ def register(cls: type[Launcher]) -> type[Launcher]:
     LAUNCHERS[cls.scheduler] = cls
     return cls
 
+BUILT_IN_LAUNCHERS = ('slurm', 'local')
+LAUNCHER_GROUP = 'nxpretrain.launchers'   # entry points of installed packages: name = "module:LauncherClass"
+
+def load_launcher_plugin(scheduler: str) -> None:
+    "Import the launcher an installed package declares as `scheduler` in the `nxpretrain.launchers` entry-point group."
+    from importlib.metadata import entry_points
+    for point in entry_points(group=LAUNCHER_GROUP, name=scheduler): register(point.load())
+
 def get_launcher(scheduler: str) -> Launcher:
-    "The launcher registered as `scheduler` (a built-in one is imported on first use)."
-    if scheduler not in LAUNCHERS:
-        module = f"nxpretrain.launch.{scheduler}"
-        try: importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module: raise   # the scheduler's module is there but needs something missing: say that
+    "The launcher registered as `scheduler` (a built-in one is imported on first use, a plugin's from its entry point)."
+    if scheduler not in LAUNCHERS and scheduler in BUILT_IN_LAUNCHERS:
+        importlib.import_module(f"nxpretrain.launch.{scheduler}")
+    if scheduler not in LAUNCHERS: load_launcher_plugin(scheduler)
     if scheduler not in LAUNCHERS:
         raise RecipeError(f"scheduler {scheduler!r}: no launcher registered under that name; known: "
-                          f"{', '.join(sorted(LAUNCHERS)) or 'none'} (import the module that registers it)")
+                          f"{', '.join(sorted({*LAUNCHERS, *BUILT_IN_LAUNCHERS}))} (install the package that "
+                          f"declares it in the {LAUNCHER_GROUP!r} entry-point group, or import its module)")
     return LAUNCHERS[scheduler]()
 
 def launcher_for(cluster: ClusterProfile | str) -> Launcher:

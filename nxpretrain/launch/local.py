@@ -11,6 +11,7 @@ from fastcore.basics import patch
 from ..errors import EXIT_REQUEUE, LaunchError
 from .launcher import JobState, JobStatus, Launcher, find_records, record_job, register, tail_file
 from .job import Job, export_lines, quote_argv, render_job, torchrun_argv, write_job
+from .jobspec import rendezvous_lines
 
 # %% auto #0
 __all__ = ['LocalLauncher', 'run_local']
@@ -52,7 +53,20 @@ def _local_script(job: Job) -> list[str]:
     if job.tasks:   # the array's tasks one after the other, each told its index as a Slurm array task is
         return head + [f"export SLURM_ARRAY_TASK_COUNT={job.tasks}", f"for task in $(seq 0 {job.tasks - 1}); do",
                        f"    SLURM_ARRAY_TASK_ID=$task {quote_argv(job.argv)} || exit $?", 'done']
-    return head + [quote_argv(job.argv)]
+    return head + _engine_step(job)
+
+def _engine_step(job: Job) -> list[str]:
+    "An engine's program on this machine: once, or once per rank (each told its number); no container here."
+    lines = [*(rendezvous_lines(job.rendezvous_port) if job.rendezvous_port else [])]
+    q = shlex.quote
+    lines += [f"[ -e {q(str(k))} ] || {{ echo {q(f'nxpretrain: {k} is missing: {v}')} >&2; exit 2; }}"
+              for k, v in job.needs.items()]
+    if not job.task_is_rank: return lines + [quote_argv(job.argv)]
+    n = int(job.tasks_per_node)
+    return lines + [f"for rank in $(seq 0 {n - 1}); do",
+                    f"    RANK=$rank LOCAL_RANK=$rank WORLD_SIZE={n} {quote_argv(job.argv)} &",
+                    'done',
+                    'rc=0; for p in $(jobs -p); do wait "$p" || rc=$?; done; exit "$rc"']
 
 # %% ../../nbs/api/57_local.ipynb #483aebd9
 _WRAPPER = r'''

@@ -6,12 +6,11 @@
 
 # %% ../../nbs/api/59_nodes.ipynb #3eb74c7b
 from __future__ import annotations
-import json, re, shlex, shutil, subprocess
-from ..errors import LaunchError
+import json, re
 
 # %% auto #0
 __all__ = ['GPU_QUERY', 'COLLECT', 'parse_nvidia_smi', 'parse_neuron_monitor', 'parse_proc', 'parse_collect',
-           'node_usage', 'usage_table']
+           'parse_node_output', 'usage_table']
 
 # %% ../../nbs/api/59_nodes.ipynb #945926af
 GPU_QUERY = 'index,name,utilization.gpu,memory.used,memory.total'
@@ -78,28 +77,10 @@ def parse_collect(text: str) -> dict:
     return row
 
 # %% ../../nbs/api/59_nodes.ipynb #712ba309
-def _job_nodes(job_id: str) -> int:
-    p = subprocess.run(['squeue', '-h', '-j', str(job_id), '-o', '%D %T'], capture_output=True, text=True)
-    if p.returncode or not p.stdout.strip():
-        raise LaunchError(f"job {job_id}: not in Slurm's queue ({(p.stderr or 'no such job').strip()}); give a "
-                          "running job's id from nxpretrain jobs")
-    nodes, state = p.stdout.split()[:2]
-    if state != 'RUNNING':
-        raise LaunchError(f"job {job_id} is {state.lower()}: only a running job's nodes can be asked")
-    return int(nodes)
-
-def node_usage(job_id: str, timeout: float = 60) -> list[dict]:
-    "One row per node of running Slurm job `job_id`: CPU %, memory, and its GPUs or NeuronCores."
-    if not shutil.which('srun'):
-        raise LaunchError("no Slurm here: srun is not on PATH; run on the cluster's login node")
-    n = _job_nodes(job_id)
-    cmd = ['srun', '--overlap', f'--jobid={job_id}', f'--nodes={n}', f'--ntasks={n}', '--ntasks-per-node=1', '--label',
-           'bash', '-c', COLLECT]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if p.returncode:
-        raise LaunchError(f"job {job_id}: srun --overlap failed: {p.stderr.strip().splitlines()[-1:] or p.returncode}")
+def parse_node_output(text: str) -> list[dict]:
+    "One row per node from `COLLECT`'s output on every node of a job, each line labelled with its task (srun --label)."
     tasks: dict[int, list[str]] = {}
-    for line in p.stdout.splitlines():
+    for line in text.splitlines():
         if m := re.match(r'\s*(\d+): ?(.*)', line): tasks.setdefault(int(m.group(1)), []).append(m.group(2))
     return [parse_collect('\n'.join(lines)) for _, lines in sorted(tasks.items())]
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json, os, re, shlex, shutil, subprocess, time
 from fastcore.basics import patch
 from pathlib import Path
-from ..errors import EXIT_REQUEUE, SlurmError
+from ..errors import EXIT_REQUEUE, LaunchError, SlurmError
 from ..clusters import ClusterProfile, profile
 from .launcher import (END_STATES, JobState, JobStatus, Launcher, find_records, record_job, register,
                                         tail_file)
 from .job import Job, export_lines, plain_value, quote_argv, torchrun_argv, write_job
 from .slurmcheck import explain_slurm, slurm_problem
+from .jobspec import rendezvous_lines, sbatch_site_lines, srun_words
 
 # %% auto #0
 __all__ = ['MAX_RESTARTS', 'REQUEUE_ON_FAILURE', 'sbatch_header', 'requeue_on_failure', 'step_command', 'job_state',
@@ -21,10 +22,11 @@ __all__ = ['MAX_RESTARTS', 'REQUEUE_ON_FAILURE', 'sbatch_header', 'requeue_on_fa
 
 # %% ../../nbs/api/56_slurm.ipynb #06d91a70
 def sbatch_header(name, nodes, profile_: ClusterProfile, partition: str, time_limit: str, log, array='', exclusive=True,
-                  requeue=True, signal_grace=180, tasks_per_node=1, cpus_per_task=None, signal='B:USR1') -> list[str]:
+                  requeue=True, signal_grace=180, tasks_per_node=1, cpus_per_task=None, signal='B:USR1',
+                  site: dict | None = None) -> list[str]:
     """The `#SBATCH` lines of a job: its name, nodes, tasks, CPUs, GPUs, partition, time limit, log and requeue on
     preemption, with `signal` `signal_grace` s before the time limit (`B:USR1`: to the batch shell; `TERM`: to every
-    task of the running step)."""
+    task of the running step), then the site's options (`nxpretrain.launch.jobspec.site_options`)."""
     sb = [f"--job-name={name}", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
           f"--cpus-per-task={cpus_per_task or profile_.cpus_per_node}"]
     if exclusive: sb.append('--exclusive')
@@ -34,7 +36,7 @@ def sbatch_header(name, nodes, profile_: ClusterProfile, partition: str, time_li
     if array: sb.append(f"--array={array}")
     sb += [f"--output={log}", '--open-mode=append']
     if requeue: sb += ['--requeue', f"--signal={signal}@{int(signal_grace)}"]
-    return [f"#SBATCH {a}" for a in sb]
+    return [f"#SBATCH {a}" for a in sb] + sbatch_site_lines(site or {})
 
 # %% ../../nbs/api/56_slurm.ipynb #562d7016
 MAX_RESTARTS = 100      # as neuronx-nemo-megatron's run.slurm
@@ -99,6 +101,18 @@ def _srun_options(job: Job, prof: ClusterProfile) -> str:
     if prof.container_mounts: opts += f"--container-mounts={shlex.quote(prof.container_mounts)} "
     return opts + f"--container-workdir={shlex.quote(str(job.out_dir))} "
 
+def _container_options(job: Job) -> str:
+    "pyxis's options for a job that names its image: the image, the mounts, and the job's variables over the image's."
+    if not job.image: return ''
+    q, names = shlex.quote, [*job.env, *(['MASTER_ADDR', 'MASTER_PORT'] if job.rendezvous_port else [])]
+    opts = f"--container-image={q(job.image)} "
+    if job.mounts: opts += f"--container-mounts={q(','.join(job.mounts))} "
+    return opts + (f"--container-env={q(','.join(dict.fromkeys(names)))} " if names else '')
+
+# Each task of a one-task-per-device step is a rank: it learns its number from Slurm's
+_RANK_ENV = ("bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS; "
+             "exec \"$0\" \"$@\"' ")
+
 # %% ../../nbs/api/56_slurm.ipynb #063cb6cf
 def _train_script(job: Job, prof: ClusterProfile) -> list[str]:
     devices = job.nodes * job.devices_per_node
@@ -108,18 +122,21 @@ def _train_script(job: Job, prof: ClusterProfile) -> list[str]:
         f"# nxpretrain {job.kind} job: {job.name} on {job.nodes} × {prof.name} ({devices} devices, {prof.backend})",
         '# generated from the recipe; change the recipe or the overrides, not this file',
         *sbatch_header(job.name, job.nodes, prof, job.partition, job.time, job.log, requeue=job.requeue,
-                       signal_grace=job.signal_grace),
+                       signal_grace=job.signal_grace, site=job.site),
         '',
         f"# environment of the {prof.name} profile",
         *export_lines(job.env),
         '',
         f"cd {shlex.quote(str(job.out_dir))}",
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
-        'MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))',
-        'export MASTER_ADDR MASTER_PORT',
+        *rendezvous_lines('$(( 20000 + SLURM_JOB_ID % 20000 ))', keep_set_port=False),   # one port per job
         'echo "nxpretrain: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST, rendezvous '
         '$MASTER_ADDR:$MASTER_PORT"',
-        _RUN_STEP.format(srun_opts=_srun_options(job, prof), step=_wrap(step_command(job, prof)), requeue=EXIT_REQUEUE,
+        # not --kill-on-bad-exit: on the preemption notice a node's ranks exit 75 (requeue) as soon as their shards are
+        # written, while rank 0 may still write the checkpoint's COMPLETE marker; --wait=60 still ends the step a minute
+        # after its first node ended, so a dead node does not leave the others waiting in a collective
+        _RUN_STEP.format(srun_opts=srun_words(job.site, kill_on_bad_exit=False) + _srun_options(job, prof),
+                         step=_wrap(step_command(job, prof)),
+                         requeue=EXIT_REQUEUE,
                          max_restarts=MAX_RESTARTS, status_file=status_file).rstrip(),
     ]
 
@@ -129,15 +146,54 @@ def _array_script(job: Job, prof: ClusterProfile) -> list[str]:
         '#!/bin/bash',
         f"# nxpretrain {job.kind} array: {job.tasks} tasks of {job.name} on {prof.name} nodes",
         *sbatch_header(job.name, 1, prof, job.partition, job.time, job.log, array=array, exclusive=False, requeue=False,
-                       cpus_per_task=job.cpus_per_task),
+                       cpus_per_task=job.cpus_per_task, site=job.site),
         '',
         *export_lines(job.env),
         '',
         f"cd {shlex.quote(str(job.out_dir))}",
         'echo "nxpretrain: array $SLURM_ARRAY_JOB_ID task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT on '
         '$(hostname)"',
-        f"srun --ntasks=1 {quote_argv(job.argv)}",
+        f"srun --ntasks=1 {srun_words(job.site, starts_ranks=False)}{quote_argv(job.argv)}",
     ]
+
+# %% ../../nbs/api/56_slurm.ipynb #3ca22022
+_NEEDS = '''for need in {needs}; do
+    [ -e "${{need%%::*}}" ] || {{ echo "nxpretrain: ${{need%%::*}} is missing: ${{need#*::}}" >&2; exit 2; }}
+done'''
+
+_REQUEUE_UNFINISHED = '''rc=$?
+{unfinished}
+if [ "$rc" = 0 ] && [ "$unfinished" = yes ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ]; then
+    echo "nxpretrain: requeueing job $SLURM_JOB_ID (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )))"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$rc"'''
+
+def _step_script(job: Job, prof: ClusterProfile) -> list[str]:
+    "An engine's job: its program runs as it is, once per node or once per rank, in its container where it has one."
+    q = shlex.quote
+    srun = (f"srun {srun_words(job.site)}{_container_options(job)}{_RANK_ENV if job.task_is_rank else ''}"
+            f"{quote_argv(job.argv)}")
+    if job.requeue_on == 'failure': step = [requeue_on_failure(srun)]
+    elif job.requeue_on == 'unfinished':
+        step = [srun, _REQUEUE_UNFINISHED.format(unfinished=job.unfinished.strip(), max_restarts=MAX_RESTARTS)]
+    else: step = [srun]
+    cpus = job.cpus_per_task or max(1, prof.cpus_per_node // job.tasks_per_node)
+    return [
+        '#!/bin/bash',
+        job.title or f"# {job.engine} {job.kind} job {job.name}: {job.nodes} × {prof.name}",
+        *sbatch_header(job.name, job.nodes, prof, job.partition, job.time, job.log, requeue=job.requeue,
+                       signal_grace=job.signal_grace, tasks_per_node=job.tasks_per_node, cpus_per_task=cpus,
+                       signal=job.signal, site=job.site),
+        '',
+        *export_lines(job.env),
+        f"cd {q(str(job.out_dir))}",
+        *(rendezvous_lines(job.rendezvous_port) if job.rendezvous_port else []),
+        *([_NEEDS.format(needs=' '.join(q(f"{k}::{v}") for k, v in job.needs.items()))] if job.needs else []),
+        *step,
+    ]
+
+
 
 # %% ../../nbs/api/56_slurm.ipynb #4566badd
 def _slurm(*argv, check=True, timeout=60) -> str:
@@ -218,7 +274,8 @@ class SlurmLauncher(Launcher):
 
     def render(self, job) -> str:
         prof = profile(job.profile)
-        lines = _array_script(job, prof) if job.tasks else _train_script(job, prof)
+        script = _array_script if job.tasks else _train_script if job.distributed else _step_script
+        lines = script(job, prof)
         return '\n'.join(l.replace('\n', ' ') if l.startswith('# nxpretrain') else l for l in lines) + '\n'
 
     def check(self, job) -> str:
@@ -320,10 +377,23 @@ def slurm_cancel(job_id, signal: str | None = None) -> None:
     _slurm('scancel', *([f"--signal={signal}", '--batch'] if signal else []), str(job_id))
 
 @patch
-def node_usage(self: SlurmLauncher, job_id) -> list[dict]:
-    "Per-node use of running job `job_id`: a step on each of its nodes (`nxpretrain.launch.nodes`)."
-    from nxpretrain.launch.nodes import node_usage
-    return node_usage(str(job_id))
+def node_usage(self: SlurmLauncher, job_id, timeout: float = 60) -> list[dict]:
+    "Per-node use of running job `job_id`: `nxpretrain.launch.nodes.COLLECT` as a step on each of its nodes."
+    from nxpretrain.launch.nodes import COLLECT, parse_node_output
+    if not shutil.which('srun'):
+        raise LaunchError("no Slurm here: srun is not on PATH; run on the cluster's login node")
+    s = self.listed(str(job_id))
+    if s is None:
+        raise LaunchError(f"job {job_id}: not in Slurm's queue; give a running job's id from nxpretrain jobs")
+    if s.state != JobState.RUNNING:
+        raise LaunchError(f"job {job_id} is {str(s.state).lower()}: only a running job's nodes can be asked")
+    n = s.nodes
+    argv = ['srun', '--overlap', f'--jobid={job_id}', f'--nodes={n}', f'--ntasks={n}', '--ntasks-per-node=1', '--label',
+            'bash', '-c', COLLECT]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if p.returncode:
+        raise LaunchError(f"job {job_id}: srun --overlap failed: {p.stderr.strip().splitlines()[-1:] or p.returncode}")
+    return parse_node_output(p.stdout)
 
 @patch
 def release(self: SlurmLauncher, job_id, timeout: float = 120, settle: float = 3) -> None:

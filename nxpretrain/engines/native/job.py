@@ -12,8 +12,8 @@ from ...config import Recipe, override, to_yaml
 from ...clusters import profile
 from ...validate import validate
 from ..base import Calibration, Engine, register_engine
-from ...launch.job import Job, export_lines, job_name, make_job, plain_value, resolve_cluster
-from ...launch.slurm import requeue_on_failure, sbatch_header
+from ...launch.job import Job, export_lines, job_name, make_job, plain_value, render_job, resolve_cluster
+from ...launch.jobspec import rendezvous_lines, site_options
 from ...seeds import carried_env, write_differences
 
 # %% auto #0
@@ -34,13 +34,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 {env}
 export NEURON_CC_FLAGS="${{NEURON_CC_FLAGS:-}} {cc_flags}"
 export NEURON_COMPILE_CACHE_URL=${{NEURON_COMPILE_CACHE_URL:-{cache}}}
-if [ -n "${{SLURM_JOB_NODELIST:-}}" ]; then
-    MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
-    NNODES=$SLURM_NTASKS; NODE_RANK=$SLURM_NODEID
-else
-    MASTER_ADDR=localhost; NNODES=1; NODE_RANK=0
-fi
-MASTER_PORT=${{MASTER_PORT:-2022}}
+{rendezvous}
 DISTRIBUTED_ARGS=(--nproc_per_node {devices} --nnodes "$NNODES" --node_rank "$NODE_RANK"
                   --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
 cd "$here"
@@ -57,20 +51,17 @@ fi
 
 # %% ../../../nbs/api/49c_native.ipynb #a5dcacbf
 def xla_jobs(r: Recipe, prof, out: Path, sh: Path) -> dict[str, Job]:
-    "The compile and train jobs that run `sh` on every node of `r`'s cluster."
-    q, jobs = shlex.quote, {}
+    "The compile and train jobs that run `sh` on every node of `r`'s cluster, as its profile's launcher writes them."
+    jobs = {}
     for kind in ('compile', 'train'):
-        name, log = job_name(r.name, kind), str(out / 'logs' / '%x-%j.out')
-        command = f"srun {'neuron_parallel_compile ' if kind == 'compile' else ''}{q(str(sh))}"
-        header = sbatch_header(name, r.cluster.nodes, prof, r.cluster.partition, r.cluster.time, log,
-                               requeue=kind == 'train')
         title = f"# trn1 {kind} job for recipe {r.name} on the XLA device (seed 3): {r.cluster.nodes} × {prof.name}"
-        body = requeue_on_failure(command) if kind == 'train' else command
-        script = '\n'.join(['#!/bin/bash', title, *header, '', f"cd {q(str(out))}", body]) + '\n'
-        job = Job(name, kind, [str(sh)], out, out / 'recipe.yaml', r.cluster.nodes, prof.devices_per_node, prof.name,
-                  {}, distributed=False, partition=r.cluster.partition, time=r.cluster.time, requeue=kind == 'train',
-                  scheduler='slurm', script=script, log=log, script_suffix='sbatch')
-        job.script_path.write_text(job.script)
+        argv = ['neuron_parallel_compile', str(sh)] if kind == 'compile' else [str(sh)]
+        job = Job(job_name(r.name, kind), kind, argv, out, out / 'recipe.yaml', r.cluster.nodes, prof.devices_per_node,
+                  prof.name, {}, distributed=False,
+                  partition=r.cluster.partition, time=r.cluster.time, requeue=kind == 'train', scheduler=prof.scheduler,
+                  node_script=sh, requeue_on='failure' if kind == 'train' else '', site=site_options(r.cluster, prof),
+                  title=title.replace('\n', ' '))
+        render_job(job).script_path.write_text(job.script)
         jobs[kind] = job
     return jobs
 
@@ -83,6 +74,7 @@ def export_xla_dp(r: Recipe, out_dir, cache_url: str = '', data_root='runs/data'
     q = shlex.quote
     sh = out / 'run_xla.sh'
     sh.write_text(RUN_XLA_SH.format(name=q(r.name), env='\n'.join(export_lines(SEED3_ENV)), cc_flags=SEED3_CC_FLAGS,
+                                    rendezvous='\n'.join(rendezvous_lines(2022)),
                                     cache=q(cache_url or str(out / 'neuron-cache')), devices=int(prof.devices_per_node),
                                     python=q(sys.executable), data_root=q(str(Path(data_root).absolute()))))
     sh.chmod(0o755)

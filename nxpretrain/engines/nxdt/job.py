@@ -20,8 +20,8 @@ from .contract import EXAMPLES, NXDT, NXDT_RECIPES, differences, example_name, f
 from ..setup import Step, checkout_step, framework_checkout, venv_step
 from ...clusters import profile
 from ...models.registry import family
-from ...launch.job import Job, export_lines, plain_value, job_name, resolve_cluster
-from ...launch.slurm import requeue_on_failure, sbatch_header
+from ...launch.job import Job, export_lines, plain_value, job_name, render_job, resolve_cluster
+from ...launch.jobspec import rendezvous_lines, site_options
 from ..base import Calibration, Engine, Memory, register_engine
 from ...launch.watch import clock_seconds, metric_value
 from ...seeds import carried_env, job_seed, seed_config, write_differences
@@ -248,13 +248,7 @@ for need in {needs}; do
     [ -e "${{need%%::*}}" ] || {{ echo "nxpretrain: ${{need%%::*}} is missing: ${{need#*::}}" >&2; exit 2; }}
 done
 
-if [ -n "${{SLURM_JOB_NODELIST:-}}" ]; then
-    MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
-    NNODES=$SLURM_NNODES; NODE_RANK=$SLURM_NODEID
-else
-    MASTER_ADDR=localhost; NNODES=1; NODE_RANK=0
-fi
-MASTER_PORT=${{MASTER_PORT:-41000}}
+{rendezvous}
 DISTRIBUTED_ARGS=(--nproc_per_node {devices} --nnodes "$NNODES" --node_rank "$NODE_RANK"
                   --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
 
@@ -293,6 +287,7 @@ def train_sh(recipe: Recipe, devices: int, cache_url: str, conf_name: str, needs
     to NxDT's environment."""
     q, exports = shlex.quote, export_lines({**NXDT_ENV, **(env or {})})
     return TRAIN_SH.format(name=q(recipe.name).replace('\n', ' '), env='\n'.join(exports),
+                           rendezvous='\n'.join(rendezvous_lines(41000)),
                            cache=q(cache_url), devices=int(devices), conf=q(conf_name),
                            needs=' '.join(q(f"{k}::{v}") for k, v in needs.items()), init_from=q(init_from),
                            ckpt_dir=q(ckpt_dir or '/nonexistent'))
@@ -333,23 +328,13 @@ def _nxdt_jobs(r: Recipe, prof, out: Path, sh: Path, conf_path: Path, run_dir: P
     "The compile and train jobs (seed 4's sbatch lines) that run `sh` on every node; the train job requeues itself."
     jobs = {}
     for kind, compile_ in (('compile', 1), ('train', 0)):
-        name, log = job_name(r.name, kind), str(out / 'logs' / '%x-%j.out')
-        command = f"srun {shlex.quote(str(sh))}"
-        lines = [
-            '#!/bin/bash',
-            f"# NxD Training {kind} job for recipe {r.name!r}: {r.cluster.nodes} × {prof.name}".replace('\n', ' '),
-            *sbatch_header(name, r.cluster.nodes, prof, r.cluster.partition, r.cluster.time, log,
-                           requeue=kind == 'train', cpus_per_task=_SEED4_CPUS_PER_TASK),
-            '',
-            f"export COMPILE={compile_}",
-            f"cd {shlex.quote(str(out))}",
-            requeue_on_failure(command) if kind == 'train' else command,
-        ]
-        job = Job(name, kind, [str(sh)], out, conf_path, r.cluster.nodes, prof.devices_per_node, prof.name,
-                  {'COMPILE': str(compile_)}, distributed=False, partition=r.cluster.partition, time=r.cluster.time,
-                  requeue=kind == 'train', run_dir=run_dir, scheduler='slurm', script='\n'.join(lines) + '\n', log=log,
-                  script_suffix='sbatch', engine='nxdt')
-        job.script_path.write_text(job.script)
+        title = f"# NxD Training {kind} job for recipe {r.name!r}: {r.cluster.nodes} × {prof.name}".replace('\n', ' ')
+        job = Job(job_name(r.name, kind), kind, [str(sh)], out, conf_path, r.cluster.nodes, prof.devices_per_node,
+                  prof.name, {'COMPILE': str(compile_)}, distributed=False, partition=r.cluster.partition,
+                  time=r.cluster.time, requeue=kind == 'train', cpus_per_task=_SEED4_CPUS_PER_TASK, run_dir=run_dir,
+                  scheduler=prof.scheduler, engine='nxdt', node_script=sh, site=site_options(r.cluster, prof),
+                  requeue_on='failure' if kind == 'train' else '', title=title)
+        render_job(job).script_path.write_text(job.script)
         jobs[kind] = job
     return jobs
 
