@@ -177,7 +177,7 @@ def demo(model: str = 'gpt3_tiny', out_dir: str = 'runs', name: str = '', max_st
     nb = Path(__file__).resolve().parent.parent / 'nbs' / '04_train.ipynb'
     if not nb.exists():
         raise RecipeError(f"{nb}: the stage notebooks come with a source checkout; run from a clone of the repository")
-    from nxpretrain.stages import load_recipe
+    from nxpretrain.validate import load_recipe
     load_recipe(model, max_steps=max_steps or None)            # a bad recipe or step count: one line, nothing written
     out_dir = str(runs_dir(out_dir))
     run_id, resuming = pick_run(model, out_dir, name, max_steps)

@@ -9,7 +9,7 @@ import os, shlex, shutil, sys
 from pathlib import Path
 from .config import Recipe, override
 from .recipes import get_recipe, CATALOG
-from .validate import validate
+from .validate import validate, load_recipe
 from .errors import RecipeError
 from .clusters import profile
 from .plan import plan, Plan
@@ -17,18 +17,7 @@ from .errors import LaunchError, TrainingError
 from .runs import runs_dir
 
 # %% auto #0
-__all__ = ['load_recipe', 'where_to_train', 'Folded', 'job_summary', 'train_stage', 'visible', 'logged_steps',
-           'one_line_errors']
-
-# %% ../nbs/api/07_stages.ipynb #9d6cb3ca
-def load_recipe(model: str, overrides=(), max_steps: int | None = None, world: int | None = None) -> Recipe:
-    "Recipe `model` with `overrides` (a list, or one space/comma separated string) applied and validated."
-    if isinstance(overrides, str): overrides = overrides.replace(',', ' ').split()
-    r = get_recipe(model, *overrides)
-    if max_steps:
-        r = override(r, f'trainer.max_steps={int(max_steps)}',
-                     f'optim.warmup_steps={min(r.optim.warmup_steps, int(max_steps))}')
-    return validate(r, world)
+__all__ = ['where_to_train', 'Folded', 'job_summary', 'train_stage', 'visible', 'logged_steps', 'one_line_errors']
 
 # %% ../nbs/api/07_stages.ipynb #fa095840
 def where_to_train(r: Recipe, cluster: str = '') -> tuple[str, str]:
@@ -161,9 +150,10 @@ def logged_steps(table, rows: int = 10):
 def _init_options(r, hf_dir: str, job_dir: Path, convert_now: bool) -> dict:
     "The export options that start `r`'s job from the HF weights of `hf_dir`, converted once for it (unless a dry run)."
     from nxpretrain.convert.init_from import prepare_init_from
-    if r.engine not in ('nxdt', 'megatron'):
-        raise RecipeError(f"init_from with engine={r.engine}: NxD Training and Megatron-LM jobs start from converted "
-                          f"weights; for nxpretrain's own, `nxpretrain convert {hf_dir} --to native --out DIR`")
+    from nxpretrain.engines.base import engine_of
+    if not engine_of(r).takes_init_from:
+        raise RecipeError(f"init_from with engine={r.engine}: its job does not start from converted weights; convert "
+                          f"them once with `nxpretrain convert {hf_dir} --to {r.engine} --out DIR`")
     folder = prepare_init_from(r, hf_dir, job_dir, convert_now)
     return dict(init_from=str(folder), init_from_hf=str(Path(hf_dir).absolute()))
 

@@ -7,13 +7,14 @@ what is wrong and the fix – found before anything starts."""
 from __future__ import annotations
 import math, re
 from .errors import RecipeError
-from .config import Recipe, choice_fields, recipe_value, world_size
+from .config import Recipe, choice_fields, override, recipe_value, world_size
+from .recipes import get_recipe
 from .models.registry import family
 
 # %% auto #0
 __all__ = ['COUNTS', 'TRACKERS', 'field_problems', 'model_problems', 'world_problems', 'stage_problems',
            'sequence_problems', 'layout_problems', 'schedule_problems', 'batch_problems', 'tracker_problems',
-           'trainer_problems', 'engine_problems', 'problems', 'validate']
+           'trainer_problems', 'engine_problems', 'problems', 'validate', 'load_recipe']
 
 # %% ../nbs/api/00b_validate.ipynb #9d4ccb31
 COUNTS = ('parallel.tp', 'parallel.pp', 'parallel.cp', 'parallel.virtual_pp', 'data.micro_batch', 'data.global_batch',
@@ -193,3 +194,13 @@ def validate(recipe: Recipe, world: int | None = None, engine: bool = True) -> R
     if errs := problems(recipe, world, engine):
         raise RecipeError(f"recipe {recipe.name!r}: " + ('\n  ' if len(errs) > 1 else '') + '\n  '.join(errs))
     return recipe
+
+# %% ../nbs/api/00b_validate.ipynb #b20c2a09
+def load_recipe(model: str, overrides=(), max_steps: int | None = None, world: int | None = None) -> Recipe:
+    "Recipe `model` with `overrides` (a list, or one space/comma separated string) applied and validated."
+    if isinstance(overrides, str): overrides = overrides.replace(',', ' ').split()
+    r = get_recipe(model, *overrides)
+    if max_steps:
+        r = override(r, f'trainer.max_steps={int(max_steps)}',
+                     f'optim.warmup_steps={min(r.optim.warmup_steps, int(max_steps))}')
+    return validate(r, world)

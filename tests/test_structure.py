@@ -254,8 +254,8 @@ def _assigned_name(tree: ast.Module, node: ast.AST) -> str:
 
 def test_no_data_table_written_as_a_long_literal():
     """Data stays data: catalogs, contracts and facts are YAML files under `nxpretrain/` (`catalog/…`,
-    `engines/*/contract.yaml`), read by a few lines of code – no dict, list, tuple or set literal outside a function spans
-    more than 20 lines (a function's literal maps its arguments: code, not a table)."""
+    `engines/*/contract.yaml`), read by a few lines of code – no dict, list, tuple or set literal outside a function
+    spans more than 20 lines (a function's literal maps its arguments: code, not a table)."""
     long = []
     for path in SOURCES:
         tree = ast.parse(path.read_text())
