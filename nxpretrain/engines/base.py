@@ -50,6 +50,7 @@ class Engine(ABC):
     own_neuron_cache: bool = True   # on Neuron devices its jobs compile into a cache of their own, beside the job
     writes_checkpoints: bool = False   # nxpretrain writes its checkpoints: `convert --to NAME`, `init_from`
     takes_init_from: bool = False      # its job starts from converted HF weights (`init_from`)
+    setup: tuple = ()   # what set-up makes for its jobs: ('venv' | 'checkout', stage path, 'node' | 'head'), …
 
     def problems(self, recipe, world: int) -> list[str]:
         "What this engine cannot run of `recipe` on `world` devices, one line each naming the field and the fix."
@@ -135,6 +136,11 @@ def read_source(self: Engine, path, recipe=None):
 def write_checkpoint(self: Engine, source, out, tp: int = 1, pp: int = 1, **options) -> Path:
     "Write `source` (a `ModelSource`) as this engine's checkpoint in the folder `out` at (`tp`, `pp`)."
     raise RecipeError(f"--to {self.name}: nxpretrain writes no {self.framework} checkpoints; choose another format")
+
+@patch
+def pinned_commit(self: Engine) -> str:
+    "The commit of its framework that its contract pins (set-up checks a checkout out at it); '' where none is."
+    return ''
 
 @patch
 def convert_options(self: Engine, recipe) -> dict:

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..config import Recipe
 from ..clusters import ClusterProfile
 from ..errors import LaunchError
+from ..engines.base import engine_of, get_engine
 from ..engines.images import SETUP, image_command, image_of
 from .job import Job, job_name, resolve_cluster
 
@@ -25,7 +26,7 @@ def stage_paths(r: Recipe, prof: ClusterProfile, out_dir='runs', data_root='runs
     "{what: path} where a job of `r` on `prof` reads what set-up makes (the paths its job checks)."
     home, job = Path.home(), (Path(out_dir) / 'jobs' / r.name).absolute()
     examples = Path(os.environ.get('NXDT_EXAMPLES') or home / 'neuronx-distributed-training' / 'examples')
-    return {'job': job, 'image': prof.container, 'megatron_lm': job / 'Megatron-LM', 'nxdt': examples.parent,
+    return {'job': job, 'image': prof.container, 'megatron_lm': job / 'Megatron-LM', 'nxdt_checkout': examples.parent,
             'venv': home / 'aws_neuron_venv_pytorch', 'data': Path(data_root).absolute()}
 
 # %% ../../nbs/api/59c_provision.ipynb #55e2eb53
@@ -52,12 +53,7 @@ class Step:
 def commit_of(framework: str) -> dict:
     "{'repo', 'commit', 'script'} of framework `framework` (megatron, nxdt): the commit its contract pins."
     f = dict(SETUP['frameworks'][framework])
-    if framework == 'megatron':
-        from nxpretrain.engines.megatron.contract import load_contract
-        f['commit'] = load_contract()['commit']
-    else:
-        from nxpretrain.engines.nxdt.contract import NXDT
-        f['commit'] = NXDT['commit']
+    f['commit'] = get_engine(framework).pinned_commit()
     return f
 
 def checkout_step(framework: str, folder, where: str = 'node') -> Step:
@@ -117,8 +113,8 @@ def setup_steps(r: Recipe, prof: ClusterProfile, out_dir='runs', data_root='runs
     "Every step the job of `r` on `prof` needs done before it starts, in the order set-up does them."
     p, steps = stage_paths(r, prof, out_dir, data_root), []
     if prof.container.endswith('.sqsh'): steps.append(image_step(prof.container))
-    if r.engine == 'megatron': steps.append(checkout_step('megatron', p['megatron_lm']))
-    if r.engine == 'nxdt': steps += [venv_step(p['venv']), checkout_step('nxdt', p['nxdt'], 'head')]
+    for what, path, where in engine_of(r).setup:   # what its framework needs: a Neuron venv, a checkout at its commit
+        steps.append(venv_step(p[path]) if what == 'venv' else checkout_step(r.engine, p[path], where))
     return steps + tokenizer_steps(r, p['data']) + _corpus_steps(r, p['data'])
 
 # %% ../../nbs/api/59c_provision.ipynb #7e460ea2

@@ -321,6 +321,7 @@ class MegatronEngine(Engine):
     name, framework = 'megatron', 'Megatron-LM'
     checkpoint_format = f"torch_dist: iter_NNNNNNN/ folders and {TRACKER}"
     writes_checkpoints = takes_init_from = True
+    setup = (('checkout', 'megatron_lm', 'node'),)
     overlapped = ('dp',)
     tb_tags = {'loss': 'lm loss', 'lr': 'learning-rate', 'grad_norm': 'grad-norm', 'parameter_norm': 'params-norm',
                'val_loss': 'lm loss validation'}
@@ -345,6 +346,10 @@ class MegatronEngine(Engine):
     def read_checkpoint(self, path, recipe=None) -> tuple:
         from nxpretrain.engines.megatron.checkpoint import read_megatron_checkpoint
         return read_megatron_checkpoint(path, recipe)
+
+    def pinned_commit(self) -> str:
+        from nxpretrain.engines.megatron.contract import load_contract
+        return load_contract()['commit']
 
     def read_source(self, path, recipe=None):
         from nxpretrain.engines.megatron.format import read_megatron

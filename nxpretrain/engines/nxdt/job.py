@@ -15,7 +15,7 @@ from ...errors import RecipeError
 from ...models.args import ModelConfig
 from ...recipes import get_recipe
 from ...validate import validate
-from .contract import EXAMPLES, NXDT_RECIPES, differences, example_name, flat, nxdt_source
+from .contract import EXAMPLES, NXDT, NXDT_RECIPES, differences, example_name, flat, nxdt_source
 from ...clusters import profile
 from ...models.registry import family
 from ...launch.job import Job, export_lines, plain_value, job_name, resolve_cluster
@@ -579,6 +579,7 @@ class NxdtEngine(Engine):
     name, framework = 'nxdt', 'NxD Training'
     checkpoint_format = "NxD xser: NAME--step=N-consumed_samples=M.ckpt/ tag folders with a `done` marker"
     writes_checkpoints = takes_init_from = True
+    setup = (('venv', 'venv', 'head'), ('checkout', 'nxdt_checkout', 'head'))
     tb_tags = NXDT_TB_TAGS
 
     def problems(self, recipe, world: int) -> list[str]: return nxdt_problems(recipe)
@@ -609,6 +610,8 @@ class NxdtEngine(Engine):
                          hw_backend: str = 'trn1', xser: bool = True, fuse_qkv: bool = False, **options) -> Path:
         from nxpretrain.engines.nxdt.format import write_nxd
         return write_nxd(source, out, tp, pp, kv_multiplier, hw_backend, xser, fuse_qkv)
+
+    def pinned_commit(self) -> str: return NXDT['commit']
 
     def convert_options(self, recipe) -> dict:
         from nxpretrain.engines.nxdt.format import nxd_layout
