@@ -89,6 +89,7 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 init_from: str = ''):      # an HF model folder to continue pretraining from (converted for the job)
     """Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop; the job is the one its
     engine writes (nxpretrain's trainer, NxD Training, Megatron-LM)."""
+    if isinstance(overrides, str): overrides = overrides.replace(',', ' ').split()   # papermill's one string
     init_from = init_from or next((o.split('=', 1)[1] for o in overrides if o.startswith('init_from=')), '')
     overrides = [o for o in overrides if not o.startswith('init_from=')]
     r = load_recipe(model, overrides, max_steps)
