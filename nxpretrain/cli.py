@@ -50,8 +50,8 @@ EXAMPLES = {
     ],
     'export-hf': ['nxpretrain export-hf runs/gpt3_tiny/checkpoints/step_50 runs/hf/gpt3_tiny'],
     'import-hf': ['nxpretrain import-hf runs/hf/gpt3_tiny runs/gpt3_tiny_from_hf'],
-    'convert': ['nxpretrain convert runs/gpt3_175b/checkpoints --to hf --out runs/hf/gpt3_175b',
-                'nxpretrain convert runs/hf/llama3_8b --to megatron --out runs/llama3_8b_megatron --tp 8 --pp 2'],
+    'convert': ['nxpretrain convert runs/gpt3_tiny/checkpoints --to megatron --out runs/gpt3_tiny_megatron --tp 2',
+                'nxpretrain convert runs/hf/gpt3_tiny --to native --out runs/gpt3_tiny_native'],
     'demo': ['nxpretrain demo'],
     'runs': ['nxpretrain runs', 'nxpretrain runs --json'],
     'lab': ['nxpretrain lab', 'nxpretrain lab --port 8890 --dir . --no-start'],
@@ -228,7 +228,7 @@ def _export_hf(a):
 def _convert(a):
     from nxpretrain.convert.convert import convert
     layout = dict(hw_backend=a.hw_backend, xser=not a.no_xser, kv_multiplier=a.kv_multiplier, fuse_qkv=a.fuse_qkv)
-    print(convert(a.src, a.to, a.out, a.tp, a.pp, data_root=a.data_dir, nxd_layout=layout if a.to == 'nxdt' else None))
+    print(convert(a.src, a.to, a.out, a.tp, a.pp, data_root=a.data_dir, **layout))   # each engine takes its own
 
 def _import_hf(a):
     from nxpretrain.train.hf import import_hf
@@ -290,6 +290,7 @@ def _job_commands(cmd):
 # %% ../nbs/api/08_cli.ipynb #8bbd3499
 def _checkpoint_commands(cmd):
     "The commands about checkpoints: evaluate, export-hf, import-hf, convert."
+    from nxpretrain.convert.convert import formats
     p = cmd('evaluate', _evaluate, 'validation perplexity of a checkpoint, and a sample', json=True)
     p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/gpt3_tiny/checkpoints/step_300')
     p.add_argument('--steps', type=int, default=None,
@@ -308,7 +309,7 @@ def _checkpoint_commands(cmd):
     p = cmd('convert', _convert, 'convert a checkpoint (nxpretrain, Megatron-LM torch_dist, NxD) or an HF folder into '
                                  'another of those formats; the model is read from the checkpoint')
     p.add_argument('src', help='a checkpoint, checkpoints or run folder of any engine, or a Hugging Face folder')
-    p.add_argument('--to', required=True, choices=('hf', 'native', 'megatron', 'nxdt'), help='the format to write')
+    p.add_argument('--to', required=True, choices=formats(), help='the format to write')
     p.add_argument('--out', required=True, help='the new folder to write (written beside, renamed when complete)')
     p.add_argument('--tp', type=int, default=1, help='tensor-parallel size of the output (default 1)')
     p.add_argument('--pp', type=int, default=1, help='pipeline-parallel size of the output (default 1)')

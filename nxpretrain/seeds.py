@@ -12,9 +12,9 @@ import yaml
 from .errors import RecipeError
 
 # %% auto #0
-__all__ = ['seeds_dir', 'seed_facts', 'accepted_differences', 'recipe_seed', 'job_seed', 'carried_env', 'seed_config',
-           'run_facts', 'recipe_value', 'fact_value', 'value_differences', 'carry_rows', 'differences_markdown',
-           'write_differences']
+__all__ = ['seeds_dir', 'seed_facts', 'accepted_differences', 'engine_seeds', 'recipe_seed', 'job_seed', 'carried_env',
+           'seed_config', 'run_facts', 'recipe_value', 'fact_value', 'value_differences', 'carry_rows',
+           'differences_markdown', 'write_differences']
 
 # %% ../nbs/api/00c_seeds.ipynb #8c207382
 def seeds_dir() -> Path:
@@ -34,7 +34,10 @@ def accepted_differences() -> dict:
     return yaml.safe_load((seeds_dir() / 'accepted.yaml').read_text())['recipes']
 
 # %% ../nbs/api/00c_seeds.ipynb #8cb9d532
-_ENGINE_SEED = {'nxdt': 4, 'megatron': 2, 'native': 3}
+@functools.cache
+def engine_seeds() -> dict:
+    "{engine: seed} whose scripts a job is compared with when its recipe names no seed (`seeds/engines.yaml`)."
+    return yaml.safe_load((seeds_dir() / 'engines.yaml').read_text())
 
 def recipe_seed(recipe) -> int | None:
     "The seed recipe `recipe`'s `source` names ('seed N: …'), or None."
@@ -44,7 +47,7 @@ def recipe_seed(recipe) -> int | None:
 def job_seed(recipe) -> int:
     "The seed whose scripts `recipe`'s job is compared with: its own, else its engine's."
     own = recipe_seed(recipe)
-    return own if own is not None else _ENGINE_SEED.get(recipe.engine, 4)
+    return own if own is not None else engine_seeds().get(recipe.engine, 4)
 
 # %% ../nbs/api/00c_seeds.ipynb #336bedbf
 def carried_env(seed: int, skip=()) -> dict:

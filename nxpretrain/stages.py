@@ -104,6 +104,7 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 stage: str = ''):          # the cluster's shared job folder ('': NXPRETRAIN_STAGE or the profile's)
     """Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop; the job is the one its
     engine writes (nxpretrain's trainer, NxD Training, Megatron-LM)."""
+    if isinstance(overrides, str): overrides = overrides.replace(',', ' ').split()   # papermill's one string
     init_from = init_from or next((o.split('=', 1)[1] for o in overrides if o.startswith('init_from=')), '')
     overrides = [o for o in overrides if not o.startswith('init_from=')]
     r = load_recipe(model, overrides, max_steps)
@@ -171,9 +172,10 @@ def logged_steps(table, rows: int = 10):
 def _init_options(r, hf_dir: str, job_dir: Path, convert_now: bool) -> dict:
     "The export options that start `r`'s job from the HF weights of `hf_dir`, converted once for it (unless a dry run)."
     from nxpretrain.convert.init_from import prepare_init_from
-    if r.engine not in ('nxdt', 'megatron'):
-        raise RecipeError(f"init_from with engine={r.engine}: NxD Training and Megatron-LM jobs start from converted "
-                          f"weights; for nxpretrain's own, `nxpretrain convert {hf_dir} --to native --out DIR`")
+    from nxpretrain.engines.base import engine_of
+    if not engine_of(r).takes_init_from:
+        raise RecipeError(f"init_from with engine={r.engine}: its job does not start from converted weights; convert "
+                          f"them once with `nxpretrain convert {hf_dir} --to {r.engine} --out DIR`")
     folder = prepare_init_from(r, hf_dir, job_dir, convert_now)
     return dict(init_from=str(folder), init_from_hf=str(Path(hf_dir).absolute()))
 

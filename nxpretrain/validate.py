@@ -7,7 +7,8 @@ what is wrong and the fix – found before anything starts."""
 from __future__ import annotations
 import math, re
 from .errors import RecipeError
-from .config import Recipe, choice_fields, recipe_value, world_size
+from .config import Recipe, choice_fields, override, recipe_value, world_size
+from .recipes import get_recipe
 from .models.registry import family
 from .config import override
 from .recipes import get_recipe

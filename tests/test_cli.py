@@ -219,6 +219,7 @@ BAD_INPUT = {  # subcommand: [(argv, words the one line must hold)]
     'evaluate': [(['evaluate', 'runs/nosuch'], 'runs/nosuch: no such checkpoint folder')],
     'export-hf': [(['export-hf', 'runs/nosuch', 'hf'], 'runs/nosuch: no such checkpoint folder')],
     'import-hf': [(['import-hf', 'nosuch', 'out'], 'nosuch: no config.json; give a Hugging Face model folder')],
+    'convert': [(['convert', 'nosuch', '--to', 'hf', '--out', 'out'], 'nosuch: no such checkpoint or folder')],
     'demo': [
         (['demo', '--model', 'nosuch'], "model 'nosuch': no such recipe"),
         (['demo', '--name', '../up'], "run name '../up': use letters"),
@@ -331,8 +332,8 @@ def test_help_shows_the_examples_and_the_readme_shows_commands():
     assert len(readme) >= 15 and any('--cluster' in r for r in readme)
 
 
-ORDER = ['--help', 'recipes', 'show', 'plan', 'setup', 'data', 'train', 'evaluate', 'export-hf', 'import-hf', 'compile',
-         'jobs', 'tail', 'watch', 'cancel', 'demo', 'runs', 'lab']
+ORDER = ['--help', 'recipes', 'show', 'plan', 'setup', 'data', 'train', 'evaluate', 'export-hf', 'import-hf', 'convert',
+         'compile', 'jobs', 'tail', 'watch', 'cancel', 'demo', 'runs', 'lab']
 
 
 def cheap(words: list[str], job_id: str) -> list[str]:

@@ -61,7 +61,7 @@ def test_nxd_files_are_read_with_no_neuron_package(tmp_path):
     for name in ('torch_xla', 'neuronx_distributed', 'torch_neuronx'): assert importlib.util.find_spec(name) is None
     hf = hf_folder(LLAMA, tmp_path / 'hf')
     run = tmp_path / 'nxdt_run'
-    convert(hf, 'nxdt', run / 'step=0.ckpt', tp=4, pp=1, nxd_layout=dict(hw_backend='trn2', xser=True))
+    convert(hf, 'nxdt', run / 'step=0.ckpt', tp=4, pp=1, hw_backend='trn2', xser=True)
     tag = run / 'step=0.ckpt'
     assert {p.name for p in tag.iterdir()} >= {'checkpoint', 'done', 'model', 'config.json'}
     assert len(list((tag / 'model').glob('dp_rank_00_tp_rank_0?_pp_rank_00.pt'))) == 4
@@ -77,7 +77,7 @@ def test_nxd_files_are_read_with_no_neuron_package(tmp_path):
 
 
 def test_unsafe_pickles_are_refused_before_anything_runs(tmp_path):
-    from nxpretrain.convert.megatron_args import read_common
+    from nxpretrain.engines.megatron.args import read_common
     marker = tmp_path / 'ran'
     class Trap:
         def __reduce__(self): return (Path.touch, (marker,))
@@ -208,7 +208,7 @@ def test_evaluate_and_export_hf_read_an_nxdt_run(tmp_path):
     (run / 'conf').mkdir(parents=True)
     to_yaml(r, run / 'recipe.yaml')
     tag = run / 'exp' / 'llama3_tiny' / 'checkpoints' / 'llama3_tiny--step=10-consumed_samples=640.0.ckpt'
-    convert(hf, 'nxdt', tag, tp=4, nxd_layout=dict(hw_backend='trn1', fuse_qkv=True))
+    convert(hf, 'nxdt', tag, tp=4, hw_backend='trn1', fuse_qkv=True)
     (tag / 'config.json').rename(run / 'conf' / 'config.json')       # where the NxDT export keeps it
     (tag / 'nxpretrain_nxd.json').unlink()                           # as NxDT itself leaves the tag
     assert engine_for_checkpoint(tag).name == 'nxdt'

@@ -83,7 +83,7 @@ def load_and_save(out: str, world: int):
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.dist_checkpointing.validation import StrictHandling
     from megatron.core.transformer.enums import AttnBackend
-    from nxpretrain.convert.megatron_format import megatron_args, megatron_vocab
+    from nxpretrain.engines.megatron.format import megatron_args, megatron_vocab
     sys.path.insert(0, str(ROOT / 'bench'))
     import mcore_gpt
     mcore_gpt.cpu_save_shims()

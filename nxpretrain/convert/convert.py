@@ -8,15 +8,13 @@ checkpoint."""
 from __future__ import annotations
 import dataclasses, os
 from pathlib import Path
-from ..config import DataConfig, Recipe
-from ..models.args import padded_vocab
+from ..config import Recipe
 from ..errors import CheckpointError, RecipeError
-from .megatron_args import check_model
-from .source import ModelSource, model_names, cut_vocab, atomic_folder, check_new_folder
+from ..engines.base import BUILT_IN, DEFAULT_ENGINE, ENGINES, get_engine
+from ..train.model_source import ModelSource, model_names, atomic_folder, check_new_folder, check_model
 
 # %% auto #0
-__all__ = ['FORMATS', 'read_hf', 'native_save', 'read_native', 'source_format', 'read_model', 'engine_view', 'write_hf',
-           'tokenizer_root', 'write_native', 'convert']
+__all__ = ['read_hf', 'formats', 'source_format', 'read_model', 'write_hf', 'tokenizer_root', 'convert']
 
 # %% ../../nbs/api/48d_convert.ipynb #4caa4ea6
 def read_hf(path, recipe: Recipe | None = None) -> ModelSource:
@@ -33,70 +31,31 @@ def read_hf(path, recipe: Recipe | None = None) -> ModelSource:
     names = list(model_names(cfg))
     return ModelSource(cfg, names, lambda name: loaders[name](take_hf), str(path), recipe)
 
-def native_save(path) -> Path:
-    "The nxpretrain save `path` names: itself (a `step_N`), or the newest complete one of a checkpoints or run folder."
-    from nxpretrain.train.checkpoint import latest_checkpoint
-    p = Path(path)
-    if (p / 'trainer_state.json').is_file(): return p
-    for root in (p, p / 'checkpoints'):
-        if root.is_dir() and (found := latest_checkpoint(root, deep=False, log=lambda *a: None)): return found
-    raise CheckpointError(f"{p}: no trainer_state.json and no complete step_N under it; pass a checkpoint folder")
-
-def read_native(path, recipe: Recipe | None = None) -> ModelSource:
-    "The model of nxpretrain checkpoint `path`, from the recipe its trainer_state.json records."
-    from nxpretrain.train.hf import checkpoint_recipe, checkpoint_tensors
-    d = native_save(path)
-    r = checkpoint_recipe(d)
-    if recipe is not None: check_model(r.model, recipe.model, d / 'trainer_state.json', 'recipe=')
-    _, take = checkpoint_tensors(d)
-    return ModelSource(r.model, list(model_names(r.model)), cut_vocab(take, r.model.vocab_size), str(d), r,
-                       (r.parallel.tp, r.parallel.pp))
-
 # %% ../../nbs/api/48d_convert.ipynb #5b942fbf
-FORMATS = ('hf', 'native', 'megatron', 'nxdt')
+def formats() -> tuple:
+    "The formats `convert` writes: 'hf', and every built-in or registered engine's checkpoints."
+    return ('hf', *BUILT_IN, *(name for name in ENGINES if name not in BUILT_IN))
 
 def source_format(path) -> str:
-    "Which of `FORMATS` the checkpoint or folder at `path` is."
-    from nxpretrain.engines.base import get_engine
-    from nxpretrain.convert.nxd import is_nxd
+    "Which of `formats()` the checkpoint or folder at `path` is."
     p = Path(path)
     if not p.exists(): raise CheckpointError(f"{p}: no such checkpoint or folder")
     if (p / 'config.json').is_file() and ((p / 'model.safetensors').is_file() or
                                           (p / 'model.safetensors.index.json').is_file()): return 'hf'
-    if is_nxd(p): return 'nxdt'
-    if get_engine('megatron').owns_checkpoint(p): return 'megatron'
-    return 'native'
+    others = [name for name in formats()[1:] if name != DEFAULT_ENGINE]
+    return next((name for name in others if get_engine(name).holds_source(p)), DEFAULT_ENGINE)
 
 def read_model(path, recipe: Recipe | None = None) -> ModelSource:
     "The `ModelSource` of the checkpoint or HF folder at `path`, its format detected."
-    from nxpretrain.convert.megatron_format import read_megatron
-    from nxpretrain.convert.nxd import read_nxd
-    readers = dict(hf=read_hf, native=read_native, megatron=read_megatron, nxdt=read_nxd)
-    return readers[source_format(path)](path, recipe)
-
-# %% ../../nbs/api/48d_convert.ipynb #c85ee62b
-def engine_view(src: ModelSource) -> tuple:
-    "(recipe, names, take) of `src` as `Engine.read_checkpoint` gives them: every tensor of our model at the run's TP."
-    import torch
-    from nxpretrain.models.hf_mapping import pad_rows
-    from nxpretrain.models.registry import build_model
-    r = src.recipe or Recipe(name=Path(src.where).name, model=src.cfg, data=DataConfig(corpus='synthetic'))
-    r = dataclasses.replace(r, model=src.cfg, parallel=dataclasses.replace(r.parallel, tp=src.layout[0],
-                                                                           pp=src.layout[1]))
-    V = padded_vocab(src.cfg, r.parallel.tp)
-    with torch.device('meta'): names = list(build_model(src.cfg, V).state_dict())
-    def take(name: str):
-        tied = name == 'output.weight' and src.cfg.tie_embeddings
-        t = src.take('tok_embeddings.weight' if tied else name)
-        return pad_rows(t, V) if name in ('tok_embeddings.weight', 'output.weight') else t
-    return r, names, take
+    fmt = source_format(path)
+    return read_hf(path, recipe) if fmt == 'hf' else get_engine(fmt).read_source(path, recipe)
 
 # %% ../../nbs/api/48d_convert.ipynb #75bad4ec
 def write_hf(src: ModelSource, out, dtype=None, data_root=None, max_shard_gb: float = 5.0) -> Path:
     "Write `src` as an HF folder in `out` (config, safetensors; the tokenizer of its run's recipe, from `data_root`)."
     from nxpretrain.models.hf_mapping import to_hf_config, hf_tensors
     from nxpretrain.models.registry import family
-    from nxpretrain.train.hf import _write_safetensors, write_hf_tokenizer
+    from nxpretrain.train.hf import write_safetensors, write_hf_tokenizer
     cfg, fam, out = src.cfg, family(src.cfg.arch), Path(out)
     pairs = hf_tensors(cfg, src.take, set(src.names).__contains__)
     tensors = ((k, v if dtype is None else v.to(dtype)) for k, v in pairs
@@ -105,7 +64,7 @@ def write_hf(src: ModelSource, out, dtype=None, data_root=None, max_shard_gb: fl
     hf_cfg.architectures = [fam.hf.architecture]
     if dtype is not None: hf_cfg.torch_dtype = str(dtype).removeprefix('torch.')
     hf_cfg.to_json_file(str(out / 'config.json'))
-    _write_safetensors(tensors, out, int(max_shard_gb * 2**30))
+    write_safetensors(tensors, out, int(max_shard_gb * 2**30))
     r = src.recipe
     if r is not None and r.data.corpus != 'synthetic': write_hf_tokenizer(r, out, str(tokenizer_root(src, data_root)))
     return out
@@ -121,49 +80,15 @@ def tokenizer_root(src: ModelSource, data_root=None) -> Path:
     raise CheckpointError(f"{src.where}: no data folder beside the run for its tokenizer "
                           f"({src.recipe.data.tokenizer!r}); pass --data-dir")
 
-# %% ../../nbs/api/48d_convert.ipynb #bcb000eb
-def write_native(src: ModelSource, out, tp: int = 1, pp: int = 1) -> Path:
-    "Write `src` as nxpretrain checkpoint `out/step_0` (+ `out/recipe.yaml`), its vocabulary padded for `tp`."
-    import torch
-    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-    from nxpretrain.config import to_dict, to_yaml
-    from nxpretrain.models.hf_mapping import pad_rows
-    from nxpretrain.models.registry import build_model
-    from nxpretrain.train.checkpoint import Checkpointer, saved_state
-    cfg, out = src.cfg, Path(out)
-    V = padded_vocab(cfg, tp)
-    with torch.device('meta'): model = build_model(cfg, V)
-    template = saved_state(model.state_dict(), model.tied_names)
-    dtype = src.take(src.names[-1]).dtype
-    class ReadWhenWritten(DefaultSavePlanner):
-        def resolve_data(self, item):
-            if not item.index.fqn.startswith('model.'): return super().resolve_data(item)
-            key = item.index.fqn[len('model.'):]
-            t = src.take('tok_embeddings.weight' if key == 'output.weight' and cfg.tie_embeddings else key)
-            return pad_rows(t, template[key].shape[0]).to(template[key].dtype).contiguous()
-    template = {k: v.to(dtype) for k, v in template.items()}
-    # a checkpoint with no run (an HF folder, Megatron-LM args) names no corpus: the recipe says synthetic, no tokenizer
-    r = src.recipe or Recipe(name=Path(src.where).name, model=cfg, data=DataConfig(corpus='synthetic'))
-    r = dataclasses.replace(r, model=cfg, parallel=dataclasses.replace(r.parallel, tp=tp, pp=pp))
-    ck = Checkpointer(out, keep_last=0, log=lambda *a: None)
-    ck.save(0, {'model': template}, dict(step=0, consumed_samples=0, source=src.where, recipe=to_dict(r)),
-            planner=ReadWhenWritten())
-    ck.wait()                                          # its pruning thread is done before the folder is renamed
-    to_yaml(r, out / 'recipe.yaml')
-    return out / 'step_0'
-
 # %% ../../nbs/api/48d_convert.ipynb #8dedd097
 def convert(src, to: str, out, tp: int = 1, pp: int = 1, recipe: Recipe | None = None, dtype=None, data_root=None,
-            nxd_layout: dict | None = None) -> Path:
-    "Convert the checkpoint or HF folder `src` into format `to` (one of `FORMATS`) in the new folder `out`."
-    from nxpretrain.convert.megatron_format import write_megatron
-    from nxpretrain.convert.nxd import write_nxd
-    if to not in FORMATS: raise RecipeError(f"--to {to}: choose one of {', '.join(FORMATS)}")
+            **options) -> Path:
+    """Convert the checkpoint or HF folder `src` into format `to` (one of `formats()`) in the new folder `out`; the
+    engine's `write_checkpoint` takes `dtype` and the `options` it knows (NxD's layout)."""
+    if to not in formats(): raise RecipeError(f"--to {to}: choose one of {', '.join(formats())}")
     check_new_folder(out)
     model = read_model(src, recipe)
     with atomic_folder(out) as tmp:
         if to == 'hf': write_hf(model, tmp, dtype, data_root)
-        elif to == 'native': write_native(model, tmp, tp, pp)
-        elif to == 'megatron': write_megatron(model, tmp, tp, pp, dtype)
-        else: write_nxd(model, tmp, tp, pp, **(nxd_layout or {}))
+        else: get_engine(to).write_checkpoint(model, tmp, tp, pp, dtype=dtype, **options)
     return Path(out)

@@ -6,47 +6,26 @@ them, never a placeholder."""
 
 # %% ../../nbs/api/48e_init_from.ipynb #669e1850
 from __future__ import annotations
-import shlex
 from pathlib import Path
 from ..config import Recipe
 from ..errors import RecipeError
 
 # %% auto #0
-__all__ = ['INIT_FORMATS', 'nxd_layout', 'init_from_folder', 'init_from_command', 'prepare_init_from']
+__all__ = ['init_from_folder', 'prepare_init_from']
 
 # %% ../../nbs/api/48e_init_from.ipynb #18a00a87
-INIT_FORMATS = {'nxdt': 'nxdt', 'megatron': 'megatron', 'native': 'native'}
-
-def nxd_layout(r: Recipe) -> dict:
-    "The NxD layout a recipe's NxDT job reads: K/V multiplier, hardware (its Q order), xser, fused QKV."
-    from nxpretrain.clusters import profile
-    hw = 'trn2' if profile(r.cluster.profile).backend == 'neuron' else 'trn1'
-    m = r.parallel.kv_replicator
-    return dict(kv_multiplier=m, hw_backend=hw, xser=True, fuse_qkv=m > 1)
-
 def init_from_folder(r: Recipe, hf_dir, job_dir) -> Path:
     "Where the HF weights of `hf_dir` go for `r`'s job in `job_dir`: one folder per source and layout, on its storage."
     p = r.parallel
     return Path(job_dir).absolute() / 'init' / f"{Path(hf_dir).name}-{r.engine}-tp{p.tp}-pp{p.pp}"
-
-def init_from_command(r: Recipe, hf_dir, folder) -> str:
-    "The one command that converts `hf_dir` into `folder` for `r`'s job (shell-quoted)."
-    if r.engine not in INIT_FORMATS:
-        raise RecipeError(f"engine={r.engine!r}: init_from is for {', '.join(INIT_FORMATS)}")
-    argv = ['nxpretrain', 'convert', str(Path(hf_dir).absolute()), '--to', INIT_FORMATS[r.engine], '--out', str(folder),
-            '--tp', str(r.parallel.tp), '--pp', str(r.parallel.pp)]
-    if r.engine == 'nxdt':
-        lay = nxd_layout(r)
-        argv += ['--hw-backend', lay['hw_backend'], '--kv-multiplier', str(lay['kv_multiplier'])]
-        if lay['fuse_qkv']: argv += ['--fuse-qkv']
-    return ' '.join(shlex.quote(a) for a in argv)
 
 # %% ../../nbs/api/48e_init_from.ipynb #3f9479e7
 def prepare_init_from(r: Recipe, hf_dir, job_dir, convert_now: bool = True) -> Path:
     "The folder `r`'s job starts from: `hf_dir` converted for it (now, or by the command its job names)."
     import dataclasses, json
     from nxpretrain.convert.convert import read_hf, convert
-    from nxpretrain.convert.megatron_args import check_model
+    from nxpretrain.engines.base import engine_of
+    from nxpretrain.train.model_source import check_model
     from nxpretrain.models.hf_mapping import from_hf_config
     config = Path(hf_dir) / 'config.json'
     if not config.is_file(): raise RecipeError(f"init_from={hf_dir}: no config.json; give a Hugging Face model folder")
@@ -56,6 +35,5 @@ def prepare_init_from(r: Recipe, hf_dir, job_dir, convert_now: bool = True) -> P
     if convert_now: read_hf(hf_dir, r)                # every tensor there, at its shape (nothing read yet)
     folder = init_from_folder(r, hf_dir, job_dir)
     if convert_now and not folder.exists():
-        layout = nxd_layout(r) if r.engine == 'nxdt' else None
-        convert(hf_dir, INIT_FORMATS[r.engine], folder, r.parallel.tp, r.parallel.pp, recipe=r, nxd_layout=layout)
+        convert(hf_dir, r.engine, folder, r.parallel.tp, r.parallel.pp, recipe=r, **engine_of(r).convert_options(r))
     return folder

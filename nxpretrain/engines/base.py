@@ -6,7 +6,7 @@ numbers."""
 
 # %% ../../nbs/api/49b_engine.ipynb #54cb6cab
 from __future__ import annotations
-import importlib
+import importlib, shlex
 from abc import ABC, abstractmethod
 from pathlib import Path
 from dataclasses import dataclass
@@ -48,6 +48,8 @@ class Engine(ABC):
     writes_run_folder: bool = False   # its run keeps nxpretrain's run folder (train.log, tb/), which the monitor reads
     traced: bool = False        # `nxpretrain.trace` measures its own step (its step is nxpretrain's engine's)
     own_neuron_cache: bool = True   # on Neuron devices its jobs compile into a cache of their own, beside the job
+    writes_checkpoints: bool = False   # nxpretrain writes its checkpoints: `convert --to NAME`, `init_from`
+    takes_init_from: bool = False      # its job starts from converted HF weights (`init_from`)
 
     def problems(self, recipe, world: int) -> list[str]:
         "What this engine cannot run of `recipe` on `world` devices, one line each naming the field and the fix."
@@ -124,6 +126,43 @@ def setup_steps(self: Engine, recipe, paths: dict) -> list:
 
 @patch
 def __repr__(self: Engine): return f"{type(self).__name__}({self.name}: {self.framework})"
+
+# %% ../../nbs/api/49b_engine.ipynb #694b8547
+@patch
+def holds_source(self: Engine, path) -> bool:
+    "Does `path` hold a checkpoint that `read_source` reads (a save, or a folder of them)?"
+    return self.owns_checkpoint(path)
+
+@patch
+def read_source(self: Engine, path, recipe=None):
+    "The `ModelSource` of checkpoint `path`: its model as the checkpoint records it, one tensor read per `take`."
+    raise RecipeError(f"{path}: {self.framework} checkpoints are not read here; convert them with the framework's own "
+                      "tool first")
+
+@patch
+def write_checkpoint(self: Engine, source, out, tp: int = 1, pp: int = 1, **options) -> Path:
+    "Write `source` (a `ModelSource`) as this engine's checkpoint in the folder `out` at (`tp`, `pp`)."
+    raise RecipeError(f"--to {self.name}: nxpretrain writes no {self.framework} checkpoints; choose another format")
+
+@patch
+def convert_options(self: Engine, recipe) -> dict:
+    "The `write_checkpoint` options of the checkpoint `recipe`'s job starts from (`init_from`)."
+    return {}
+
+@patch
+def convert_flags(self: Engine, recipe) -> list[str]:
+    "`convert_options(recipe)` as `nxpretrain convert` flags."
+    return []
+
+@patch
+def init_from_command(self: Engine, recipe, hf_dir, folder) -> str:
+    "The one command that converts `hf_dir` into `folder` for `recipe`'s job (shell-quoted)."
+    if not self.writes_checkpoints:
+        raise RecipeError(f"engine={self.name!r}: nxpretrain writes no {self.framework} checkpoints to start from; "
+                          "drop init_from")
+    argv = ['nxpretrain', 'convert', str(Path(hf_dir).absolute()), '--to', self.name, '--out', str(folder),
+            '--tp', str(recipe.parallel.tp), '--pp', str(recipe.parallel.pp), *self.convert_flags(recipe)]
+    return ' '.join(shlex.quote(a) for a in argv)
 
 # %% ../../nbs/api/49b_engine.ipynb #c31bacdb
 ENGINES: dict[str, type[Engine]] = {}

@@ -12,7 +12,8 @@ from ..models.args import ModelConfig, padded_vocab
 from ..errors import RecipeError
 
 # %% auto #0
-__all__ = ['open_hf_folder', 'read_hf_folder', 'hf_model_config', 'import_hf', 'export_hf', 'write_hf_tokenizer']
+__all__ = ['open_hf_folder', 'read_hf_folder', 'hf_model_config', 'import_hf', 'write_safetensors', 'export_hf',
+           'write_hf_tokenizer']
 
 # %% ../../nbs/api/45_hf.ipynb #93be9cb1
 def open_hf_folder(path) -> tuple[dict, dict, callable]:
@@ -76,7 +77,7 @@ def import_hf(path, out, recipe: Recipe | None = None):
     return d, cfg
 
 # %% ../../nbs/api/45_hf.ipynb #901ba7ea
-def _write_safetensors(tensors, out: Path, max_shard_bytes: int):
+def write_safetensors(tensors, out: Path, max_shard_bytes: int):
     """Write (key, tensor) pairs as HF safetensors shards of at most `max_shard_bytes` (+ index), holding one shard at a
     time."""
     from safetensors.torch import save_file
@@ -123,7 +124,7 @@ def export_hf(checkpoint, out, recipe: Recipe | None = None, dtype=None, max_sha
     hf_cfg.architectures = [fam.hf.architecture]
     if dtype is not None: hf_cfg.torch_dtype = str(dtype).removeprefix('torch.')
     hf_cfg.to_json_file(str(out / 'config.json'))
-    _write_safetensors(tensors, out, int(max_shard_gb * 2**30))
+    write_safetensors(tensors, out, int(max_shard_gb * 2**30))
     if r.data.corpus != 'synthetic': write_hf_tokenizer(r, out)   # a synthetic stream has no text, so no tokenizer
     return out
 

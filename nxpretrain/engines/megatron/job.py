@@ -297,8 +297,8 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
     rank_sh.chmod(0o755)
     job = megatron_job(r, prof, out, rank_sh, flags, mlm, data_root)
     if init_from:                                      # the converted weights, and the one command that makes them
-        from nxpretrain.convert.init_from import init_from_command
-        job.needs[f'{init_from}/{TRACKER}'] = 'convert the HF weights (any CPU): ' + init_from_command(
+        from nxpretrain.engines.base import engine_of
+        job.needs[f'{init_from}/{TRACKER}'] = 'convert the HF weights (any CPU): ' + engine_of(r).init_from_command(
             r, init_from_hf or '<the HF model folder>', init_from)
     job = render_job(job)
     job.script_path.write_text(job.script)
@@ -335,6 +335,7 @@ class MegatronEngine(Engine):
     "Megatron-LM at seed 2's commit: `pretrain_gpt.py` under Slurm and pyxis, in NVIDIA's PyTorch container."
     name, framework = 'megatron', 'Megatron-LM'
     checkpoint_format = f"torch_dist: iter_NNNNNNN/ folders and {TRACKER}"
+    writes_checkpoints = takes_init_from = True
     overlapped = ('dp',)
     tb_tags = {'loss': 'lm loss', 'lr': 'learning-rate', 'grad_norm': 'grad-norm', 'parameter_norm': 'params-norm',
                'val_loss': 'lm loss validation'}
@@ -362,6 +363,14 @@ class MegatronEngine(Engine):
     def read_checkpoint(self, path, recipe=None) -> tuple:
         from nxpretrain.engines.megatron.checkpoint import read_megatron_checkpoint
         return read_megatron_checkpoint(path, recipe)
+
+    def read_source(self, path, recipe=None):
+        from nxpretrain.engines.megatron.format import read_megatron
+        return read_megatron(path, recipe)
+
+    def write_checkpoint(self, source, out, tp: int = 1, pp: int = 1, dtype=None, **options) -> Path:
+        from nxpretrain.engines.megatron.format import write_megatron
+        return write_megatron(source, out, tp, pp, dtype)
 
     def requeue(self, folder, recipe) -> bool:
         done = self.checkpoints(folder)

@@ -7,6 +7,7 @@ and on trn1's XLA device the data-parallel run seed 3 makes of BERT."""
 from __future__ import annotations
 import shlex, sys
 from pathlib import Path
+from fastcore.basics import patch
 from ...errors import RecipeError
 from ...config import Recipe, override, to_yaml
 from ...clusters import profile
@@ -132,7 +133,7 @@ class NativeEngine(Engine):
     "nxpretrain's own trainer (`nxpretrain.train.trainer`)."
     name, framework = 'native', 'nxpretrain'
     checkpoint_format = 'torch.distributed.checkpoint: step_N/ with a manifest and a COMPLETE marker'
-    in_process = writes_run_folder = traced = True
+    in_process = writes_run_folder = traced = writes_checkpoints = True
     own_neuron_cache = False    # TorchNeuron compiles through inductor into the recipe's cache (parallel.compile)
 
     def problems(self, recipe, world: int) -> list[str]: return native_problems(recipe)
@@ -183,3 +184,14 @@ class NativeEngine(Engine):
         """fp32 weights and two fp32 moments: autocast makes bf16 copies on the fly, and the XLA step (trn1) in bf16
         saves its fp32 master copy as the weights (its bf16 weights are their rounding)."""
         return 12
+
+# %% ../../../nbs/api/49c_native.ipynb #c2b070cb
+@patch
+def read_source(self: NativeEngine, path, recipe=None):
+    from nxpretrain.train.model_source import read_native
+    return read_native(path, recipe)
+
+@patch
+def write_checkpoint(self: NativeEngine, source, out, tp: int = 1, pp: int = 1, **options) -> Path:
+    from nxpretrain.train.model_source import write_native
+    return write_native(source, out, tp, pp)

@@ -304,9 +304,9 @@ def _needs(r: Recipe, cfg: dict, data_root, init_from: str, config_json: str, in
         needs.update({f: 'GPT-2 vocab.json and merges.txt from https://huggingface.co/gpt2'
                       for f in (tokenizer['vocab_file'], tokenizer['merge_file'])})
     if init_from:                          # the converted HF weights: the exact command that makes them (CPU, torch)
-        from nxpretrain.convert.init_from import init_from_command
+        from nxpretrain.engines.base import engine_of
         hf = init_from_hf or '<the HF model folder>'
-        needs[init_from] = 'convert the HF weights (any CPU): ' + init_from_command(r, hf, init_from)
+        needs[init_from] = 'convert the HF weights (any CPU): ' + engine_of(r).init_from_command(r, hf, init_from)
     return needs
 
 # %% ../../../nbs/api/52_nxdt.ipynb #fa636fa2
@@ -553,6 +553,7 @@ class NxdtEngine(Engine):
     "NxD Training (NxDT): seed 4's framework on trn1 and trn2, and seed 0's GPT-3 on it."
     name, framework = 'nxdt', 'NxD Training'
     checkpoint_format = "NxD xser: NAME--step=N-consumed_samples=M.ckpt/ tag folders with a `done` marker"
+    writes_checkpoints = takes_init_from = True
     tb_tags = NXDT_TB_TAGS
 
     def problems(self, recipe, world: int) -> list[str]: return nxdt_problems(recipe)
@@ -567,9 +568,31 @@ class NxdtEngine(Engine):
     def owns_checkpoint(self, path) -> bool: return Path(path).name.endswith('.ckpt')
 
     def read_checkpoint(self, path, recipe=None) -> tuple:
-        from nxpretrain.convert.nxd import read_nxd
-        from nxpretrain.convert.convert import engine_view
+        from nxpretrain.engines.nxdt.format import read_nxd
+        from nxpretrain.train.model_source import engine_view
         return engine_view(read_nxd(path, recipe))
+
+    def holds_source(self, path) -> bool:
+        from nxpretrain.engines.nxdt.format import is_nxd
+        return is_nxd(path)
+
+    def read_source(self, path, recipe=None):
+        from nxpretrain.engines.nxdt.format import read_nxd
+        return read_nxd(path, recipe)
+
+    def write_checkpoint(self, source, out, tp: int = 1, pp: int = 1, kv_multiplier: int | None = None,
+                         hw_backend: str = 'trn1', xser: bool = True, fuse_qkv: bool = False, **options) -> Path:
+        from nxpretrain.engines.nxdt.format import write_nxd
+        return write_nxd(source, out, tp, pp, kv_multiplier, hw_backend, xser, fuse_qkv)
+
+    def convert_options(self, recipe) -> dict:
+        from nxpretrain.engines.nxdt.format import nxd_layout
+        return nxd_layout(recipe)
+
+    def convert_flags(self, recipe) -> list[str]:
+        lay = self.convert_options(recipe)
+        flags = ['--hw-backend', lay['hw_backend'], '--kv-multiplier', str(lay['kv_multiplier'])]
+        return flags + (['--fuse-qkv'] if lay['fuse_qkv'] else [])
 
     def requeue(self, folder, recipe) -> bool: return nxdt_unfinished(folder, recipe.trainer.max_steps)
 
