@@ -5,7 +5,7 @@ notebook."""
 
 # %% ../nbs/api/08_cli.ipynb #ce776fd2
 from __future__ import annotations
-import argparse, json, sys
+import argparse, json, os, sys
 from .errors import EXIT_BAD_INPUT, NxpError, RecipeError
 
 # %% auto #0
@@ -423,13 +423,15 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ['data']:              # the data stage has its own arguments: one parser, in nxpretrain.data.prepare
         from nxpretrain.data.prepare import main as data_main
-        return data_main(argv[1:], prog='nxpretrain data', parser=_Parser, recipe_data=_recipe_data)
+        from nxpretrain.data_paths import STAGE_ENV, data_root
+        chosen = os.environ.get('NXPRETRAIN_DATA') or os.environ.get(STAGE_ENV)   # else runs/data, as it is written
+        return data_main(argv[1:], prog='nxpretrain data', parser=_Parser, recipe_data=_recipe_data,
+                         output=str(data_root()) if chosen else 'runs/data')
     a = parse_args(argv)
     try: return a.fn(a)
     except NxpError as e:
         print(f"nxpretrain {a.command}: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except BrokenPipeError:                        # `nxpretrain jobs | head`: the reader left, nothing to say
-        import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)

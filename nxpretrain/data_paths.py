@@ -6,11 +6,21 @@ here, so no engine reads another's module for a path."""
 
 # %% ../nbs/api/14c_data_paths.ipynb #e0311a56
 from __future__ import annotations
+import os
 from pathlib import Path
 from .config import Recipe
 
 # %% auto #0
-__all__ = ['corpus_prefix', 'data_prefix', 'gpt2_files']
+__all__ = ['STAGE_ENV', 'data_root', 'corpus_prefix', 'data_prefix', 'gpt2_files']
+
+# %% ../nbs/api/14c_data_paths.ipynb #1fcfef8c
+STAGE_ENV = 'NXPRETRAIN_STAGE'
+
+def data_root(root: Path | None = None) -> Path:
+    "Prepared data: `NXPRETRAIN_DATA`, else stage `root`'s (or `NXPRETRAIN_STAGE`'s) `data/`, else runs/data."
+    if os.environ.get('NXPRETRAIN_DATA'): return Path(os.environ['NXPRETRAIN_DATA']).absolute()
+    root = root or os.environ.get(STAGE_ENV)
+    return Path(root).absolute() / 'data' if root else Path('runs/data').absolute()
 
 # %% ../nbs/api/14c_data_paths.ipynb #01ca322f
 def corpus_prefix(recipe: Recipe, data_root='runs/data') -> str:

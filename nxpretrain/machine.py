@@ -333,7 +333,10 @@ def recipe_needs(recipe: Recipe) -> str:
 # %% ../nbs/api/03_machine.ipynb #96751436
 _NEEDS_NOTHING = 'demo'  # corpus and tokenizer built offline on first use
 
-def data_dir_default() -> Path: return Path(os.environ.get('NXPRETRAIN_DATA', 'runs/data'))
+def data_dir_default() -> Path:
+    "Where this machine's prepared data is looked for: `nxpretrain.data_paths.data_root` (the stage's data/ included)."
+    from nxpretrain.data_paths import data_root
+    return data_root()
 
 def _is_path(name: str) -> bool:
     return os.sep in name or name.startswith('.') or name.endswith(('.json', '.model', '.txt'))

@@ -9,7 +9,7 @@ import os, shlex, shutil, sys
 from pathlib import Path
 from .config import Recipe, override
 from .recipes import get_recipe, CATALOG
-from .validate import validate, load_recipe
+from .validate import validate, load_recipe, override_list
 from .errors import RecipeError
 from .clusters import profile
 from .plan import plan, Plan
@@ -91,6 +91,12 @@ def _recorded(res, model: str):
     return res
 
 # %% ../nbs/api/07_stages.ipynb #43a79d36
+def _init_from_overrides(init_from: str, overrides: list[str]) -> tuple[str, list[str]]:
+    "(the HF folder to start from – `init_from`, or an `init_from=DIR` among the overrides – and the other overrides)."
+    given = [o.split('=', 1)[1] for o in overrides if o.startswith('init_from=')]
+    return init_from or next(iter(given), ''), [o for o in overrides if not o.startswith('init_from=')]
+
+# %% ../nbs/api/07_stages.ipynb #9e340c0d
 def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 cluster: str = '',         # profile/partition to submit to (its scheduler's launcher); '' = none
                 overrides=(),              # dotted overrides, e.g. ['optim.lr=1e-3']
@@ -104,9 +110,7 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
                 stage: str = ''):          # the cluster's shared job folder ('': NXPRETRAIN_STAGE or the profile's)
     """Plan recipe `model`, then train it here, submit it to `cluster`, or show the job and stop; the job is the one its
     engine writes (nxpretrain's trainer, NxD Training, Megatron-LM)."""
-    if isinstance(overrides, str): overrides = overrides.replace(',', ' ').split()   # papermill's one string
-    init_from = init_from or next((o.split('=', 1)[1] for o in overrides if o.startswith('init_from=')), '')
-    overrides = [o for o in overrides if not o.startswith('init_from=')]
+    init_from, overrides = _init_from_overrides(init_from, override_list(overrides))
     r = load_recipe(model, overrides, max_steps)
     action, reason = where_to_train(r, cluster, cluster_option)
     to_a_cluster = action == 'submit'                 # one that answers here: the profile's stage folder is there

@@ -16,7 +16,7 @@ from .recipes import get_recipe
 # %% auto #0
 __all__ = ['COUNTS', 'TRACKERS', 'field_problems', 'model_problems', 'world_problems', 'stage_problems',
            'sequence_problems', 'layout_problems', 'schedule_problems', 'batch_problems', 'tracker_problems',
-           'trainer_problems', 'engine_problems', 'problems', 'validate', 'load_recipe']
+           'trainer_problems', 'engine_problems', 'problems', 'validate', 'override_list', 'load_recipe']
 
 # %% ../nbs/api/00b_validate.ipynb #9d4ccb31
 COUNTS = ('parallel.tp', 'parallel.pp', 'parallel.cp', 'parallel.virtual_pp', 'data.micro_batch', 'data.global_batch',
@@ -198,10 +198,13 @@ def validate(recipe: Recipe, world: int | None = None, engine: bool = True) -> R
     return recipe
 
 # %% ../nbs/api/00b_validate.ipynb #50040a77
+def override_list(overrides) -> list[str]:
+    "Dotted overrides as a list: a list as it is, or one space/comma separated string (papermill's) split."
+    return overrides.replace(',', ' ').split() if isinstance(overrides, str) else list(overrides)
+
 def load_recipe(model: str, overrides=(), max_steps: int | None = None, world: int | None = None) -> Recipe:
     "Recipe `model` with `overrides` (a list, or one space/comma separated string) applied and validated."
-    if isinstance(overrides, str): overrides = overrides.replace(',', ' ').split()
-    r = get_recipe(model, *overrides)
+    r = get_recipe(model, *override_list(overrides))
     if max_steps:
         r = override(r, f'trainer.max_steps={int(max_steps)}',
                      f'optim.warmup_steps={min(r.optim.warmup_steps, int(max_steps))}')

@@ -429,9 +429,11 @@ def ensure_dataset(data_cfg, # a recipes.DataConfig
     return prefix
 
 # %% ../../nbs/api/14_prepare.ipynb #2dcb419f
-def main(argv=None, prog: str = 'python -m nxpretrain.data.prepare', parser=None, recipe_data=None):
+def main(argv=None, prog: str = 'python -m nxpretrain.data.prepare', parser=None, recipe_data=None,
+         output: str = 'runs/data'):
     """Command-line entry point: prepare a corpus (one stage share per Slurm array task); a bad input is one line, exit
-    2. `recipe_data(name)` gives a catalog recipe's `DataConfig` (or None), for `nxpretrain data RECIPE`."""
+    2. `recipe_data(name)` gives a catalog recipe's `DataConfig` (or None), for `nxpretrain data RECIPE`; `output`
+    the default root of prepared corpora."""
     import argparse
     # the CLI's: usage errors in one line
     examples = ['nxpretrain data gpt3_23b                     # the corpus and tokenizer of a catalog recipe',
@@ -444,7 +446,7 @@ def main(argv=None, prog: str = 'python -m nxpretrain.data.prepare', parser=None
                                    f"({', '.join(CORPORA)}), a .jsonl/.jsonl.zst file or a .bin/.idx prefix")
     ap.add_argument('--tokenizer', help="tokenizer: demo, gpt2, llama3, a tokenizer.json, a .model or a vocab.txt "
                                         "path (default: the corpus recipe's)")
-    ap.add_argument('--output', default='runs/data', help='root folder of prepared corpora (default: runs/data)')
+    ap.add_argument('--output', default=output, help=f"root folder of prepared corpora (default: {output})")
     ap.add_argument('--workers', type=int, default=max(1, os.cpu_count() or 1),
                     help='tokenizer processes (default: the CPUs here)')
     ap.add_argument('--stages', default='all', help=f"comma-separated subset of {','.join(STAGES)} (default: all)")

@@ -8,13 +8,12 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 from .jobspec import mount_pairs
+from ..data_paths import STAGE_ENV, data_root   # one answer for where data lives, the stage's included
 
 # %% auto #0
-__all__ = ['STAGE_ENV', 'stage_root', 'data_root', 'on_stage', 'stage_mounts']
+__all__ = ['stage_root', 'on_stage', 'stage_mounts']
 
 # %% ../../nbs/api/49e_stage.ipynb #2c5cf942
-STAGE_ENV = 'NXPRETRAIN_STAGE'
-
 def stage_root(recipe=None, prof=None, stage: str = '', profile_default: bool = True) -> Path | None:
     "The stage folder of `recipe`'s cluster jobs on profile `prof` (absolute), or None where there is none."
     own = getattr(prof, 'stage', '') if profile_default else ''
@@ -22,10 +21,7 @@ def stage_root(recipe=None, prof=None, stage: str = '', profile_default: bool = 
         if value: return Path(value).absolute()
     return None
 
-def data_root(root: Path | None) -> Path:
-    "Where a job reads prepared data: `NXPRETRAIN_DATA` when set, else the stage's `data/`, else `runs/data`."
-    if os.environ.get('NXPRETRAIN_DATA'): return Path(os.environ['NXPRETRAIN_DATA']).absolute()
-    return root / 'data' if root else Path('runs/data').absolute()
+
 
 # %% ../../nbs/api/49e_stage.ipynb #b78001a7
 def on_stage(path: str, prof, root: Path | None) -> str:
