@@ -74,3 +74,15 @@ def test_cli_prints_the_breakdown():
     assert d['step']['comm']['tp']['link'] == 'NVLink' and d['step']['comm']['pp']['link'] == 'InfiniBand'
     assert d['step_seconds'] == pytest.approx(d['step']['compute'] + d['step']['bubble'] +
                                               sum(c['exposed'] for c in d['step']['comm'].values()))
+
+
+def test_cli_compares_a_published_figure_only_with_its_own_run():
+    "An override that makes another run (32 nodes, not seed 4's 16) names what differs and gives no percentage."
+    out = _cli('plan', 'llama3_70b', 'cluster.nodes=32')
+    lines = [line for line in out.splitlines() if line.startswith('published')]
+    assert lines == ['published               321 s with NxD Training (seed 4) is for another run: '
+                     'cluster.nodes 32 here, 16 there'], out
+    d = json.loads(_cli('plan', 'llama3_70b', 'parallel.pp=4', '--json'))
+    assert d['other_run'] == ['parallel.pp 4 here, 8 there'] and d['published'][0]['this_run'] is False, d['other_run']
+    same = json.loads(_cli('plan', 'llama3_70b', 'cluster.account=a1', '--json'))   # a site option: the same run
+    assert same['other_run'] == [] and same['published'][0]['this_run'] is True, same['other_run']
