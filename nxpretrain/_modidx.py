@@ -969,6 +969,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                         'nxpretrain/launch/compile_job.py'),
                                                'nxpretrain.launch.compile_job.CompileReport.ok': ( 'api/compile_job.html#compilereport.ok',
                                                                                                    'nxpretrain/launch/compile_job.py'),
+                                               'nxpretrain.launch.compile_job._on_stage': ( 'api/compile_job.html#_on_stage',
+                                                                                            'nxpretrain/launch/compile_job.py'),
                                                'nxpretrain.launch.compile_job._read_stage_log': ( 'api/compile_job.html#_read_stage_log',
                                                                                                   'nxpretrain/launch/compile_job.py'),
                                                'nxpretrain.launch.compile_job._refusal': ( 'api/compile_job.html#_refusal',
