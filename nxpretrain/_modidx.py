@@ -2111,6 +2111,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                      'nxpretrain/plan.py'),
                                  'nxpretrain.plan.checkpoint_write_seconds': ( 'api/plan.html#checkpoint_write_seconds',
                                                                                'nxpretrain/plan.py'),
+                                 'nxpretrain.plan.device_memory_gib': ('api/plan.html#device_memory_gib', 'nxpretrain/plan.py'),
                                  'nxpretrain.plan.differs_from_published': ('api/plan.html#differs_from_published', 'nxpretrain/plan.py'),
                                  'nxpretrain.plan.flops_per_token': ('api/plan.html#flops_per_token', 'nxpretrain/plan.py'),
                                  'nxpretrain.plan.layout_options': ('api/plan.html#layout_options', 'nxpretrain/plan.py'),

@@ -13,6 +13,7 @@ from .models.parameters import layer_parameters, model_parameters
 from .validate import problems
 from .recipes import get_recipe
 from .clusters import profile
+from .machine import host_info
 from .models.registry import family
 from .engines.base import GiB, Memory, engine_of
 from .steptime import FITS, communication_bytes, engine_step_time, step_time, published
@@ -20,7 +21,8 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['flops_per_token', 'memory_per_device', 'checkpoint_bytes_per_parameter', 'checkpoint_bytes',
-           'checkpoint_write_seconds', 'Plan', 'published_steps', 'differs_from_published', 'plan', 'layout_options']
+           'checkpoint_write_seconds', 'Plan', 'published_steps', 'differs_from_published', 'device_memory_gib', 'plan',
+           'layout_options']
 
 # %% ../nbs/api/02_plan.ipynb #42d86a03
 def flops_per_token(m: ModelConfig, vocab: int | None = None, causal: bool | None = None) -> float:
@@ -83,7 +85,8 @@ def _layout_text(p, dp: int) -> str:
 
 def _memory_text(m: Memory, device_gib: float, fits: bool) -> str:
     buffers = f", pipeline buffers {m.buffers / GiB:.1f})" if m.buffers else ')'
-    return (f"{m.total / GiB:.1f} GiB of {device_gib:g} GiB (weights {m.weights / GiB:.1f}, grads {m.grads / GiB:.1f}, "
+    return (f"{m.total / GiB:.1f} GiB of {device_gib:.3g} GiB (weights {m.weights / GiB:.1f}, "
+            f"grads {m.grads / GiB:.1f}, "
             f"optimizer {m.optimizer / GiB:.1f}, activations {m.activations / GiB:.1f}{buffers}"
             + ('' if fits else '  ← does not fit'))
 
@@ -202,6 +205,13 @@ def differs_from_published(r: Recipe, world: int | None = None) -> list[str]:
     if world and world != world_size(r): out.append(f"{world} devices here, {world_size(base)} there")
     return out
 
+def device_memory_gib(prof, processes: int) -> float:
+    """Memory per device of profile `prof`: on this machine (the `local` profile, a device a process) its RAM shared by
+    the `processes` the layout runs here; a cluster profile's own figure."""
+    if prof.name != 'local': return prof.device_gib
+    ram = host_info()['ram_gib']                       # /proc/meminfo's MemTotal; None off Linux
+    return ram / max(processes, 1) if ram else prof.device_gib
+
 def plan(r: Recipe | str, world: int | None = None, calibration=None) -> Plan:
     """Plan recipe `r` (a Recipe or catalog name) on its cluster, or on `world` devices, as its engine runs it;
     `calibration` (a `nxpretrain.engines.base.Calibration`) replaces the engine's fraction of peak to ask "what if"."""
@@ -210,9 +220,10 @@ def plan(r: Recipe | str, world: int | None = None, calibration=None) -> Plan:
     world = world or world_size(r)
     dp = max(data_parallel_size(r, world), 1)
     mem, st = memory_per_device(r, dp), engine_step_time(r, engine, dp, calibration)
+    device_gib = device_memory_gib(prof, world)
     return Plan(r, engine.framework, world, dp, model_parameters(r.model, padded_vocab(r.model, r.parallel.tp)), mem,
-                prof.device_gib, st.total, r.data.global_batch * r.model.seq_len, checkpoint_bytes(r),
-                checkpoint_write_seconds(r), problems(r, world), _advice(r, mem, prof.device_gib), st,
+                device_gib, st.total, r.data.global_batch * r.model.seq_len, checkpoint_bytes(r),
+                checkpoint_write_seconds(r), problems(r, world), _advice(r, mem, device_gib), st,
                 published_steps(r, communication_bytes(r, dp), dp), differs_from_published(r, world))
 
 # %% ../nbs/api/02_plan.ipynb #9384dc74

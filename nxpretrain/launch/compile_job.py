@@ -69,7 +69,7 @@ def memory_check(r: Recipe) -> tuple[bool, str]:
     from nxpretrain.plan import plan
     p = plan(r)
     gib = p.memory.total / 2**30
-    return p.fits, f"{gib:.1f} GiB per device of {p.device_gib:g} GiB" + (
+    return p.fits, f"{gib:.1f} GiB per device of {p.device_gib:.3g} GiB" + (
         '' if p.fits else ' – does not fit: ' + '; '.join(p.advice[:2])
     )
 
