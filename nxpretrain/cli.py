@@ -133,14 +133,21 @@ def _setup_recipe(a):
     import shlex
     from nxpretrain.stages import load_recipe
     from nxpretrain.launch.provision import prepare, setup_check
+    from nxpretrain.config import override
+    from nxpretrain.launch.job import resolve_cluster
+    from nxpretrain.launch.stage_path import data_root, stage_root
     r = load_recipe(a.model, a.overrides)
-    where = (r, a.cluster or None, a.out, a.data_dir or 'runs/data')
+    root = stage_root(r, resolve_cluster(r, a.cluster or None)[1], a.stage, profile_default=False)
+    if root: r = override(r, f"cluster.stage={root}")   # the job's folder, data and image under the stage, as train's
+    data = a.data_dir or (str(data_root(root)) if root else 'runs/data')
+    where = (r, a.cluster or None, str(root) if root else a.out, data)
     check = prepare(*where, dry_run=a.dry_run) if a.prepare else setup_check(*where)
     if a.json: return _print_json(check.to_dict())
     print(check.table().text())
     if not check.ready and not a.prepare:
         words = [a.model, *a.overrides, *(['--cluster', a.cluster] if a.cluster else []),
-                 *(['--out', a.out] if a.out != 'runs' else []), *(['--data-dir', a.data_dir] if a.data_dir else [])]
+                 *(['--out', a.out] if a.out != 'runs' else []), *(['--data-dir', a.data_dir] if a.data_dir else []),
+                 *(['--stage', a.stage] if a.stage else [])]
         print(f"\nmake what is missing: nxpretrain setup {' '.join(map(shlex.quote, words))} --prepare")
 
 def _trains_here(a) -> bool:
@@ -390,6 +397,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--recipe', default='', metavar='NAME', help='everything one recipe needs and lacks here')
     p.add_argument('--data-dir', default=None, help='where prepared data lives (default: $NXPRETRAIN_DATA or '
                                                     'runs/data)')
+    p.add_argument('--stage', default='', help="the cluster's shared folder the recipe's job lives under (default: "
+                                               "$NXPRETRAIN_STAGE)")
     # its own parser
     sub.add_parser('data', help='prepare a corpus into .bin/.idx (see `nxpretrain data --help`)', add_help=False)
     p = cmd('compile', _compile, 'trn1: export and compile an NxD Training job; elsewhere a pre-flight dry run',

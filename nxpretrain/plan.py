@@ -6,13 +6,14 @@ GPU or cluster needed (parameters are counted on a `meta` model)."""
 # %% ../nbs/api/02_plan.ipynb #e4756f37
 from __future__ import annotations
 import math
-from dataclasses import dataclass, field
-from .config import Recipe, data_parallel_size, world_size
+from dataclasses import asdict, dataclass, field
+from .config import Recipe, data_parallel_size, recipe_value, world_size
 from .models.args import ModelConfig, padded_vocab
 from .models.parameters import layer_parameters, model_parameters
 from .validate import problems
 from .recipes import get_recipe
 from .clusters import profile
+from .machine import host_info
 from .models.registry import family
 from .engines.base import GiB, Memory, engine_of
 from .steptime import FITS, communication_bytes, engine_step_time, step_time, published
@@ -20,7 +21,8 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['flops_per_token', 'memory_per_device', 'checkpoint_bytes_per_parameter', 'checkpoint_bytes',
-           'checkpoint_write_seconds', 'Plan', 'published_steps', 'plan', 'layout_options']
+           'checkpoint_write_seconds', 'Plan', 'published_steps', 'differs_from_published', 'device_memory_gib', 'plan',
+           'layout_options']
 
 # %% ../nbs/api/02_plan.ipynb #42d86a03
 def flops_per_token(m: ModelConfig, vocab: int | None = None, causal: bool | None = None) -> float:
@@ -69,6 +71,8 @@ class Plan:
     step: object = None          # the step time explained (`nxpretrain.steptime.StepTime`)
     # (a published run of this recipe, this model's seconds for its framework)
     anchors: list = field(default_factory=list)
+    # how this plan is not the run the anchors published (`differs_from_published`): then no comparison is made
+    other_run: list = field(default_factory=list)
 
     @property
     def fits(self): return self.memory.total / GiB <= self.device_gib
@@ -81,7 +85,8 @@ def _layout_text(p, dp: int) -> str:
 
 def _memory_text(m: Memory, device_gib: float, fits: bool) -> str:
     buffers = f", pipeline buffers {m.buffers / GiB:.1f})" if m.buffers else ')'
-    return (f"{m.total / GiB:.1f} GiB of {device_gib:g} GiB (weights {m.weights / GiB:.1f}, grads {m.grads / GiB:.1f}, "
+    return (f"{m.total / GiB:.1f} GiB of {device_gib:.3g} GiB (weights {m.weights / GiB:.1f}, "
+            f"grads {m.grads / GiB:.1f}, "
             f"optimizer {m.optimizer / GiB:.1f}, activations {m.activations / GiB:.1f}{buffers}"
             + ('' if fits else '  ← does not fit'))
 
@@ -109,9 +114,13 @@ def step_rows(self: Plan) -> list[tuple[str, str]]:
     rows = [('step time', f"≈ {self.step_seconds:.3g} s with {self.engine}")]
     if self.step: rows += [(f"  {k}", v) for k, v in self.step.rows()]
     for a, modelled in self.anchors:
+        head = f"{a.published:g} s with {a.framework} ({a.source.split(' (')[0]})"
+        if self.other_run:
+            rows.append(('published', f"{head} is for another run: {', '.join(self.other_run)}"))
+            continue
         role = 'the run its fit is made from' if a.role == 'fit' else 'held out of the fit'
-        rows.append(('published', f"{a.published:g} s with {a.framework} ({a.source.split(' (')[0]}); the model gives "
-                                  f"{modelled:.3g} s for {a.framework} ({modelled / a.published - 1:+.0%}, {role})"))
+        gap = f"{modelled / a.published - 1:+.0%}"
+        rows.append(('published', f"{head}; the model gives {modelled:.3g} s for {a.framework} ({gap}, {role})"))
     return rows
 
 # %% ../nbs/api/02_plan.ipynb #bdecd339
@@ -123,12 +132,13 @@ def to_dict(self: Plan) -> dict:
                   fsdp=p.fsdp, activation_checkpointing=p.activation_checkpointing)
     memory = dict(weights=m.weights, grads=m.grads, optimizer=m.optimizer, activations=m.activations,
                   buffers=m.buffers, total=m.total)
-    anchors = [dict(framework=a.framework, published_s=a.published, modelled_s=t, source=a.source)
-               for a, t in self.anchors]
+    anchors = [dict(framework=a.framework, published_s=a.published, modelled_s=t, source=a.source,
+                    this_run=not self.other_run) for a, t in self.anchors]
     return dict(recipe=r.name, engine=r.engine, framework=self.engine, profile=r.cluster.profile,
                 nodes=r.cluster.nodes, world=self.world, layout=layout, parameters=self.parameters,
                 tokens_per_step=self.tokens_per_step, memory_bytes=memory, device_gib=self.device_gib, fits=self.fits,
                 step_seconds=self.step_seconds, step=_step_dict(self.step), published=anchors,
+                other_run=list(self.other_run),
                 checkpoint_bytes=self.checkpoint_bytes, checkpoint_seconds=self.checkpoint_seconds,
                 problems=list(self.problems), advice=list(self.advice))
 
@@ -177,6 +187,31 @@ def published_steps(r: Recipe, comm: dict, dp: int) -> list[tuple]:
     return [(a, step_time(r, comm, lp, FITS[a.framework, a.device], prof, dp, a.overlapped).total)
             for a in published(r.name)]
 
+# what makes a run the run it is, for its step time: model, layout, batch and cluster
+_RUN_SECTIONS, _RUN_FIELDS = ('model', 'parallel'), ('data.global_batch', 'data.micro_batch', 'cluster.profile',
+                                                     'cluster.nodes')
+
+def _run_fields(r: Recipe) -> dict:
+    "{dotted key: value} of `r`'s model, layout, batch and cluster."
+    out = {f"{s}.{k}": v for s in _RUN_SECTIONS for k, v in asdict(getattr(r, s)).items()}
+    return out | {k: recipe_value(r, k) for k in _RUN_FIELDS}
+
+def differs_from_published(r: Recipe, world: int | None = None) -> list[str]:
+    "How `r` (on `world` devices) is not the catalog recipe of its name, whose runs are published: [] when it is."
+    if not published(r.name): return []
+    base = get_recipe(r.name)
+    ours, theirs = _run_fields(r), _run_fields(base)
+    out = [f"{k} {ours[k]} here, {theirs[k]} there" for k in ours if ours[k] != theirs[k]]
+    if world and world != world_size(r): out.append(f"{world} devices here, {world_size(base)} there")
+    return out
+
+def device_memory_gib(prof, processes: int) -> float:
+    """Memory per device of profile `prof`: on this machine (the `local` profile, a device a process) its RAM shared by
+    the `processes` the layout runs here; a cluster profile's own figure."""
+    if prof.name != 'local': return prof.device_gib
+    ram = host_info()['ram_gib']                       # /proc/meminfo's MemTotal; None off Linux
+    return ram / max(processes, 1) if ram else prof.device_gib
+
 def plan(r: Recipe | str, world: int | None = None, calibration=None) -> Plan:
     """Plan recipe `r` (a Recipe or catalog name) on its cluster, or on `world` devices, as its engine runs it;
     `calibration` (a `nxpretrain.engines.base.Calibration`) replaces the engine's fraction of peak to ask "what if"."""
@@ -185,10 +220,11 @@ def plan(r: Recipe | str, world: int | None = None, calibration=None) -> Plan:
     world = world or world_size(r)
     dp = max(data_parallel_size(r, world), 1)
     mem, st = memory_per_device(r, dp), engine_step_time(r, engine, dp, calibration)
+    device_gib = device_memory_gib(prof, world)
     return Plan(r, engine.framework, world, dp, model_parameters(r.model, padded_vocab(r.model, r.parallel.tp)), mem,
-                prof.device_gib, st.total, r.data.global_batch * r.model.seq_len, checkpoint_bytes(r),
-                checkpoint_write_seconds(r), problems(r, world), _advice(r, mem, prof.device_gib), st,
-                published_steps(r, communication_bytes(r, dp), dp))
+                device_gib, st.total, r.data.global_batch * r.model.seq_len, checkpoint_bytes(r),
+                checkpoint_write_seconds(r), problems(r, world), _advice(r, mem, device_gib), st,
+                published_steps(r, communication_bytes(r, dp), dp), differs_from_published(r, world))
 
 # %% ../nbs/api/02_plan.ipynb #9384dc74
 def layout_options(r: Recipe | str, world: int | None = None, top: int = 8) -> list[dict]:

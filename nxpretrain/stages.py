@@ -135,7 +135,7 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     if init_from: options.update(_init_options(r, init_from, where, convert_now=not dry_run))
     if resolve_cluster(r, cluster or None)[1].backend in ('xla', 'neuron'):   # the cache `nxpretrain compile` filled
         from nxpretrain.launch.compile_job import neuron_cache_dir
-        options['cache_url'] = str(neuron_cache_dir(r, out_dir))
+        options['cache_url'] = str(neuron_cache_dir(r, root or out_dir))   # the stage's, as compile's with a stage
     options['data_root'] = str(data_root(root))       # NXPRETRAIN_DATA, else the stage's data/, else runs/data
     job = engine.export(r, where, cluster or None, **options)['train']
     if on_this_machine:

@@ -115,3 +115,10 @@ def test_compile_then_train_use_one_neuron_cache(tmp_path, monkeypatch, name, sc
     assert want in (job.out_dir / script).read_text()                     # what train runs with
     if name == 'gpt3_23b':                                                # NxDT reads it from its YAML too
         assert yaml.safe_load(job.recipe_path.read_text())['compiler_cache_url'] == filled
+    monkeypatch.setenv('NXPRETRAIN_STAGE', str(tmp_path / 'fsx'))         # on a stage folder: the stage's one cache
+    rep = compile_stage(name, out_dir='runs/compile', show=lambda *a: None)
+    filled = rep.cache_env['NEURON_COMPILE_CACHE_URL']
+    assert filled == str(tmp_path / 'fsx/neuron-cache') and Path(filled).is_dir()
+    job = train_stage(name, out_dir='runs', dry_run=True, show=lambda *a: None)
+    want = f"export NEURON_COMPILE_CACHE_URL=${{NEURON_COMPILE_CACHE_URL:-{filled}}}"
+    assert want in (tmp_path / 'fsx/compile' / script).read_text() and want in (job.out_dir / script).read_text()

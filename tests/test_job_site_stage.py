@@ -87,6 +87,38 @@ def test_train_reads_the_data_where_nxpretrain_data_says(tmp_path):
     assert f"--data-path 1.0 {tmp_path}/data/" in args and f"--vocab-file {tmp_path}/data/gpt2/vocab.json" in args
 
 
+def test_setup_and_compile_judge_and_write_under_the_stage(tmp_path):
+    "`setup --stage` looks for the job's image, checkout and data under it; `compile` writes its job and cache there."
+    stage = tmp_path / 'lustre'
+    rc, out = cli(tmp_path, 'setup', 'gpt3_175b_gpu', '--stage', str(stage), '--json', NXPRETRAIN_STAGE=None,
+                  NXPRETRAIN_DATA=None)
+    import json
+    paths = [s['path'] for s in json.loads(out)['steps']]
+    assert rc == 0 and paths and all(p.startswith(str(stage)) for p in paths), out
+    assert f"{stage}/pytorch+25.03+py3.sqsh" in paths and not (tmp_path / 'runs').exists(), paths
+    rc, out = cli(tmp_path, 'compile', 'llama3_70b', NXPRETRAIN_STAGE=str(stage), NXPRETRAIN_DATA=None)
+    assert (stage / 'compile/train.sh').exists() and (stage / 'neuron-cache').is_dir(), out
+    assert f"NEURON_COMPILE_CACHE_URL={stage}/neuron-cache" in (stage / 'compile/train.sh').read_text() + out
+
+
+def test_the_stage_notebooks_take_a_stage(tmp_path):
+    "papermill's `-p stage X` puts 04_train's job under X (03_compile's parameter goes the same way: compile_stage)."
+    for nb in ('03_compile', '04_train'):
+        p = subprocess.run([sys.executable, '-m', 'papermill', '--help-notebook', str(ROOT / 'nbs' / f'{nb}.ipynb')],
+                           capture_output=True, text=True, timeout=120)
+        assert "stage: str (default '')" in p.stdout, p.stdout + p.stderr
+    stage = tmp_path / 'fsx'
+    env = {**os.environ, 'PYTHONPATH': str(ROOT), 'NXPRETRAIN_HOME': str(tmp_path / 'home')}
+    env.pop('NXPRETRAIN_STAGE', None)
+    env.pop('NXPRETRAIN_DATA', None)
+    p = subprocess.run([sys.executable, '-m', 'papermill', str(ROOT / 'nbs/04_train.ipynb'), str(tmp_path / 'o.ipynb'),
+                        '-p', 'model', 'gpt3_175b_gpu', '-p', 'stage', str(stage), '-k', 'python3'], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=400)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    args = (stage / 'jobs/gpt3_175b_gpu/megatron.args').read_text()
+    assert f"--data-path 1.0 {stage}/data/" in args and f"--save {stage}/jobs/gpt3_175b_gpu/" in args, args
+
+
 SLURM = why_no_slurm()
 
 

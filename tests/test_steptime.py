@@ -1,6 +1,7 @@
 """The step-time model against its published anchors: every anchor within ±25 %, the fractions in `FITS` equal to
 their fits, the seeds' recipes equal to the seeds' layouts, and `nxpretrain plan` printing the breakdown."""
 import json
+import os
 import subprocess
 import sys
 
@@ -74,3 +75,25 @@ def test_cli_prints_the_breakdown():
     assert d['step']['comm']['tp']['link'] == 'NVLink' and d['step']['comm']['pp']['link'] == 'InfiniBand'
     assert d['step_seconds'] == pytest.approx(d['step']['compute'] + d['step']['bubble'] +
                                               sum(c['exposed'] for c in d['step']['comm'].values()))
+
+
+def test_cli_compares_a_published_figure_only_with_its_own_run():
+    "An override that makes another run (32 nodes, not seed 4's 16) names what differs and gives no percentage."
+    out = _cli('plan', 'llama3_70b', 'cluster.nodes=32')
+    lines = [line for line in out.splitlines() if line.startswith('published')]
+    assert lines == ['published               321 s with NxD Training (seed 4) is for another run: '
+                     'cluster.nodes 32 here, 16 there'], out
+    d = json.loads(_cli('plan', 'llama3_70b', 'parallel.pp=4', '--json'))
+    assert d['other_run'] == ['parallel.pp 4 here, 8 there'] and d['published'][0]['this_run'] is False, d['other_run']
+    same = json.loads(_cli('plan', 'llama3_70b', 'cluster.account=a1', '--json'))   # a site option: the same run
+    assert same['other_run'] == [] and same['published'][0]['this_run'] is True, same['other_run']
+
+
+def test_the_cpu_plan_gives_each_process_its_share_of_this_machines_memory():
+    "The `local` profile's device is a process: the machine's memory (sysconf) over the processes; a cluster's fixed."
+    ram = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30
+    one = json.loads(_cli('plan', 'gpt3_tiny', '--json'))
+    assert (one['profile'], one['world']) == ('local', 1) and one['device_gib'] == pytest.approx(ram, rel=0.02), one
+    assert f"of {one['device_gib']:.3g} GiB" in _cli('plan', 'gpt3_tiny')
+    assert plan(get_recipe('gpt3_tiny', 'parallel.tp=2'), world=2).device_gib == pytest.approx(ram / 2, rel=0.02)
+    assert json.loads(_cli('plan', 'gpt3_175b_gpu', '--json'))['device_gib'] == 80      # nd_h100_v5's H100

@@ -19,6 +19,7 @@ from .local import run_local
 from ..engines.nxdt.job import parse_compile_log
 from .watch import ProgressReader
 from ..parallel.compile import compile_cache_dir
+from .stage_path import data_root, stage_root
 
 # %% auto #0
 __all__ = ['CompileReport', 'memory_check', 'cache_env', 'neuron_cache_dir', 'compile_stage']
@@ -68,7 +69,7 @@ def memory_check(r: Recipe) -> tuple[bool, str]:
     from nxpretrain.plan import plan
     p = plan(r)
     gib = p.memory.total / 2**30
-    return p.fits, f"{gib:.1f} GiB per device of {p.device_gib:g} GiB" + (
+    return p.fits, f"{gib:.1f} GiB per device of {p.device_gib:.3g} GiB" + (
         '' if p.fits else ' – does not fit: ' + '; '.join(p.advice[:2])
     )
 
@@ -101,7 +102,8 @@ def _stage_job(rep: CompileReport, r: Recipe, prof, out_dir: Path, steps: int, e
     # the XLA path (trn1) compiles ahead of time, as every framework on Neuron devices does
     dry_run = None if prof.backend == 'xla' else engine.preflight_job(r, out_dir, steps, entry, rep.cache_env)
     if dry_run is not None: return dry_run
-    jobs = engine.export(r, out_dir, cache_url=rep.cache_env.get('NEURON_COMPILE_CACHE_URL', ''))
+    staged = {'data_root': str(data_root(Path(r.cluster.stage)))} if r.cluster.stage else {}   # as train's job
+    jobs = engine.export(r, out_dir, cache_url=rep.cache_env.get('NEURON_COMPILE_CACHE_URL', ''), **staged)
     if 'compile' in jobs:
         rep.mode = 'compile'
         return jobs['compile']
@@ -152,15 +154,25 @@ def _read_stage_log(rep: CompileReport, steps: int) -> str:
     return f"the dry run failed (status {rep.returncode}); the log's last lines:\n{last}"
 
 # %% ../../nbs/api/53_compile_job.ipynb #2dac6ab7
+def _on_stage(r: Recipe, prof, cluster, stage: str, out_dir: Path) -> tuple:
+    "(recipe with its `cluster.stage`, the stage root or None, where the stage's job goes) of `r`'s compile job."
+    if not cluster and prof.name == 'local' and r.cluster.nodes == 1: return r, None, out_dir
+    root = stage_root(r, prof, stage, profile_default=bool(cluster))
+    if root is None: return r, None, out_dir
+    return override(r, f"cluster.stage={root}"), root, root / out_dir.name
+
+# %% ../../nbs/api/53_compile_job.ipynb #e5c5fd71
 def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', overrides=(), steps: int = 2,
                   cache_dir=None, wait_s: float = 0, entry: str = 'nxpretrain.train.entry',
-                  submit_job: bool | None = None, show=print, cluster_option: str = '-p cluster') -> CompileReport:
+                  submit_job: bool | None = None, show=print, cluster_option: str = '-p cluster',
+                  stage: str = '') -> CompileReport:
     """Check `recipe` before its long run: its framework's ahead-of-time compile (trn1, trn2), a dry run of our engine,
-    or the framework's contract on the written job. See the report's `ok`."""
+    or the framework's contract on the written job. See the report's `ok`. `stage`: the cluster's shared job folder
+    ('': NXPRETRAIN_STAGE or, with a cluster, the profile's)."""
     overrides = [o for o in ([overrides] if isinstance(overrides, str) else overrides) if o]
     r = get_recipe(recipe, *overrides) if isinstance(recipe, str) else override(recipe, *overrides)
     r, prof = resolve_cluster(r, cluster)
-    out_dir = Path(out_dir)
+    r, root, out_dir = _on_stage(r, prof, cluster, stage, Path(out_dir))
     rep = CompileReport(r.name, f"{r.cluster.nodes} × {prof.name}", 'preflight')
     if reason := _refusal(rep, r, r.cluster.nodes * prof.devices_per_node):
         rep.reason = reason
@@ -170,7 +182,7 @@ def compile_stage(recipe: Recipe | str, cluster=None, out_dir='runs/compile', ov
     # inductor's is the recipe's, as the training job's
     from nxpretrain.engines.base import engine_of
     neuron = prof.backend in ('xla', 'neuron') and engine_of(r).own_neuron_cache
-    cache = Path(cache_dir or (neuron_cache_dir(r, out_dir.parent) if neuron or prof.backend == 'xla'
+    cache = Path(cache_dir or (neuron_cache_dir(r, root or out_dir.parent) if neuron or prof.backend == 'xla'
                                else compile_cache_dir(r)))
     rep.cache_env = cache_env(cache, prof.backend)
     cache.mkdir(parents=True, exist_ok=True)

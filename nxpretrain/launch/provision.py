@@ -17,6 +17,7 @@ from ..engines.base import engine_of
 from ..engines.setup import Step
 from ..engines.images import SETUP, image_command, image_of
 from .job import Job, job_name, resolve_cluster
+from .stage_path import on_stage, stage_root
 
 # %% auto #0
 __all__ = ['stage_paths', 'image_step', 'tokenizer_steps', 'setup_steps', 'probe_script', 'Probe', 'parse_probe',
@@ -27,7 +28,8 @@ __all__ = ['stage_paths', 'image_step', 'tokenizer_steps', 'setup_steps', 'probe
 def stage_paths(r: Recipe, prof: ClusterProfile, out_dir='runs', data_root='runs/data') -> dict:
     "{what: path} where a job of `r` on `prof` reads what set-up makes (the paths its job checks)."
     job = (Path(out_dir) / 'jobs' / r.name).absolute()
-    return {'job': job, 'image': prof.container, 'data': Path(data_root).absolute()}
+    image = on_stage(prof.container, prof, stage_root(r, prof, profile_default=False))   # as the job's: with a stage
+    return {'job': job, 'image': image, 'data': Path(data_root).absolute()}
 
 # %% ../../nbs/api/59c_provision.ipynb #55e2eb53
 def image_step(container: str) -> Step:
@@ -64,7 +66,7 @@ def _corpus_steps(r: Recipe, data_root) -> list[Step]:
 def setup_steps(r: Recipe, prof: ClusterProfile, out_dir='runs', data_root='runs/data') -> list[Step]:
     "Every step the job of `r` on `prof` needs done before it starts, in the order set-up does them."
     p, steps = stage_paths(r, prof, out_dir, data_root), []
-    if prof.container.endswith('.sqsh'): steps.append(image_step(prof.container))
+    if p['image'].endswith('.sqsh'): steps.append(image_step(p['image']))
     steps += engine_of(r).setup_steps(r, p)
     return steps + tokenizer_steps(r, p['data']) + _corpus_steps(r, p['data'])
 
@@ -136,7 +138,8 @@ def probe_gaps(prof: ClusterProfile, probe: Probe, steps: list[Step]) -> list[st
         out.append(f"devices: {node} has no Neuron devices (/dev/neuron*): pick the Trainium partition "
                    f"(--cluster {prof.name}:PARTITION)")
     if prof.container and not probe.enroot:
-        out.append(f"container: {node} has no enroot, which runs the job's image {prof.container} with pyxis: install "
+        image = next((s.path for s in steps if s.what == 'image'), prof.container)   # on the stage, where it is one
+        out.append(f"container: {node} has no enroot, which runs the job's image {image} with pyxis: install "
                    "enroot and pyxis on the compute nodes")
     return out + [s.line() for s, done in zip(steps, probe.done) if not done]
 
