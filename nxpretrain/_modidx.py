@@ -18,6 +18,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'nxpretrain.cli._convert': ('api/cli.html#_convert', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._demo': ('api/cli.html#_demo', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._evaluate': ('api/cli.html#_evaluate', 'nxpretrain/cli.py'),
+                                'nxpretrain.cli._examples': ('api/cli.html#_examples', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._export_hf': ('api/cli.html#_export_hf', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._import_hf': ('api/cli.html#_import_hf', 'nxpretrain/cli.py'),
                                 'nxpretrain.cli._job_commands': ('api/cli.html#_job_commands', 'nxpretrain/cli.py'),

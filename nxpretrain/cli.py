@@ -12,50 +12,13 @@ from .errors import EXIT_BAD_INPUT, NxpError, RecipeError
 __all__ = ['EXAMPLES', 'parse_args', 'main']
 
 # %% ../nbs/api/08_cli.ipynb #9830bc2f
-EXAMPLES = {
-    'recipes': ['nxpretrain recipes', 'nxpretrain recipes --json'],
-    'show': [
-        'nxpretrain show gpt3_23b optim.lr=1e-4',
-        'nxpretrain show --json gpt3_tiny cluster.profile=cpu parallel.tp=2',
-    ],
-    'plan': [
-        'nxpretrain plan llama3_70b parallel.pp=4',
-        'nxpretrain plan --world 256 gpt3_23b --json',
-        'nxpretrain plan gpt3_tiny --trace',
-        'nxpretrain plan gpt3_64m --trace --ranks first,last',
-    ],
-    'train': [
-        'nxpretrain train gpt3_tiny --max-steps 50',
-        'nxpretrain train gpt3_tiny cluster.profile=cpu parallel.tp=2 --max-steps 20',
-        'nxpretrain train --cluster compute gpt3_23b optim.lr=1e-4 --dry-run',
-        'nxpretrain train gpt3_tiny --cluster debug@2 data.global_batch=16 --test-only',
-        'nxpretrain train gpt3_tiny --cluster debug --max-steps 50',
-    ],
-    'setup': [
-        'nxpretrain setup',
-        'nxpretrain setup --recipe llama3_70b',
-        'nxpretrain setup --recipes gpt3_tiny,gpt3_23b --json',
-        'nxpretrain setup gpt3_175b_gpu --cluster nd_h100_v5:gpu',
-        'nxpretrain setup gpt3_175b_gpu --cluster nd_h100_v5:gpu --prepare',
-    ],
-    'compile': ['nxpretrain compile gpt3_23b --cluster trn1'],
-    'jobs': ['nxpretrain jobs', 'nxpretrain jobs --json'],
-    'tail': ['nxpretrain tail JOB_ID -n 50'],
-    'watch': ['nxpretrain watch JOB_ID --timeout 600'],
-    'cancel': ['nxpretrain cancel JOB_ID --signal USR1', 'nxpretrain cancel JOB_ID'],
-    'evaluate': [
-        'nxpretrain evaluate runs/gpt3_tiny/checkpoints/step_50 --prompt "def "',
-        'nxpretrain evaluate --json runs/gpt3_tiny/checkpoints/step_50 --steps 2',
-        'nxpretrain evaluate runs/gpt3_tiny/checkpoints/step_50 --greedy --prompt "def "',
-    ],
-    'export-hf': ['nxpretrain export-hf runs/gpt3_tiny/checkpoints/step_50 runs/hf/gpt3_tiny'],
-    'import-hf': ['nxpretrain import-hf runs/hf/gpt3_tiny runs/gpt3_tiny_from_hf'],
-    'convert': ['nxpretrain convert runs/gpt3_tiny/checkpoints --to megatron --out runs/gpt3_tiny_megatron --tp 2',
-                'nxpretrain convert runs/hf/gpt3_tiny --to native --out runs/gpt3_tiny_native'],
-    'demo': ['nxpretrain demo'],
-    'runs': ['nxpretrain runs', 'nxpretrain runs --json'],
-    'lab': ['nxpretrain lab', 'nxpretrain lab --port 8890 --dir . --no-start'],
-}
+def _examples() -> dict:
+    "{command: [its usage examples]}, from the catalog's `cli/examples.yaml`."
+    import yaml
+    from nxpretrain.recipes import catalog_dir
+    return yaml.safe_load((catalog_dir() / 'cli' / 'examples.yaml').read_text())
+
+EXAMPLES = _examples()
 
 # %% ../nbs/api/08_cli.ipynb #8f51ec24
 def _print_json(obj): print(json.dumps(obj, indent=1, default=str))
