@@ -305,3 +305,26 @@ def test_every_data_file_ships_in_the_wheel():
     data = sorted(p.relative_to(PKG) for p in PKG.rglob('*.yaml'))
     assert data and not [str(p) for p in data if not any(p.match(g) and len(p.parts) == len(Path(g).parts)
                                                          for g in globs)]
+
+
+def _example_cells(nb: Path) -> list:
+    "A notebook's example cells: code cells that are no export, hidden or `default_exp` cell and not only imports."
+    import json
+    cells = []
+    for cell in json.loads(nb.read_text())['cells']:
+        src = ''.join(cell['source'])
+        if cell['cell_type'] != 'code' or re.search(r'^#\|\s*(export|hide|default_exp)', src, re.M): continue
+        code = [l for l in src.splitlines() if l.strip() and not l.startswith('#')]
+        if code and all(map(_is_import, code)): continue
+        cells.append(cell)
+    return cells
+
+
+def test_a_quarter_of_the_examples_show_their_output():
+    """A module notebook is read as documentation: an example that shows its result (a plan, a job script's line, a
+    table, a loss) teaches more than one that only asserts. At least a quarter of `nbs/api`'s examples keep an
+    output."""
+    cells = [c for nb in sorted((PKG.parent / 'nbs' / 'api').glob('*.ipynb')) for c in _example_cells(nb)]
+    shown = [c for c in cells if c.get('outputs')]
+    share = len(shown) / len(cells)
+    assert share >= 0.25, f"{len(shown)} of {len(cells)} examples keep an output ({share:.1%}); show more results"
