@@ -133,11 +133,13 @@ def readme_venv(readme: str) -> str:
 
 
 def demo_ending(readme: str) -> re.Pattern:
-    "The lines the README says `nxpretrain demo` ends with, as a pattern: any run name in place of the README's."
+    """The lines the README says `nxpretrain demo` ends with, as a pattern: any run name in place of the README's, and
+    any clone in place of its example clone (the demo prints absolute run folders)."""
     text = re.search(r'^## Set up\n.*?```text\n(.*?)\n```', readme, re.S | re.M).group(1)
     name = re.search(r'gpt3_tiny-\d{8}-\d{6}', text).group(0)
+    clone = re.search(r'(/\S+)/runs/' + name, text).group(1)
     return re.compile(r'\s*\n'.join(re.escape(line).replace(re.escape(name), r'gpt3_tiny-\d{8}-\d{6}')
-                                    for line in text.rstrip().splitlines()))
+                                    .replace(re.escape(clone), r'/\S+') for line in text.rstrip().splitlines()))
 
 
 def test_readme_setup_typed_into_its_own_venv_passes_the_gate(clean_repo):
