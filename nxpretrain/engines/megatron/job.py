@@ -176,7 +176,7 @@ def io_flags(r: Recipe, run_dir: Path, data_root, step_seconds: float, save_seco
     t = r.trainer
     vocab, merges = gpt2_files(r, data_root)
     ckpt = str(run_dir / 'checkpoints')
-    gpt2 = r.data.tokenizer == 'gpt2' or r.data.tokenizer.startswith('gpt2:')
+    gpt2 = r.data.tokenizer == 'gpt2' or r.data.tokenizer.startswith('gpt2:') or r.data.tokenizer.endswith('vocab.json')
     tokenizer = ([('tokenizer-type', 'GPT2BPETokenizer'), ('vocab-file', vocab), ('merge-file', merges)] if gpt2 else
                  [('tokenizer-type', 'HuggingFaceTokenizer'), ('tokenizer-model', hf_tokenizer_dir(r, data_root))])
     out = [('data-path', *data_prefix(r, data_root)), ('split', r.data.split), *tokenizer,
