@@ -66,7 +66,7 @@ def megatron_gpt(cfg, vocab_size: int, device: str, tp: int = 1):
 
 def megatron_state_dict(cfg, sd: dict, te: bool) -> dict:
     "nxpretrain GPT state dict `sd` in megatron-core's names (the table the Megatron-LM checkpoint reader uses)."
-    from nxpretrain.launch import megatron_checkpoint as names
+    from nxpretrain.engines.megatron import checkpoint as names
     return names.megatron_state_dict(cfg, sd, names.TE_NORMS if te else names.LOCAL_NORMS)
 
 def load_weights(model, cfg, sd: dict, spec: str):
