@@ -51,7 +51,8 @@ def gpu_node(tmp_path, monkeypatch):
     monkeypatch.setattr(megatron_job, 'megatron_checkout', lambda: repo)      # the engine's own checkout facts
     stage = tmp_path / 'stage'
     prof = dataclasses.replace(profile('nd_h100_v5'), name='gpu-setup-ci', devices_per_node=1, cpus_per_node=1,
-                               gres='', container=str(stage / 'pytorch+25.03+py3.sqsh'), container_mounts='', env={})
+                               gres='', container=str(stage / 'pytorch+25.03+py3.sqsh'), container_mounts='', env={},
+                               stage='')   # no site stage: the job lives under runs/ here (test_job_site_stage's)
     monkeypatch.setitem(PROFILES, prof.name, prof)
     monkeypatch.setenv('NXPRETRAIN_HOME', str(tmp_path / 'home'))
     monkeypatch.chdir(tmp_path)                    # the job reads runs/data here, as train writes it
