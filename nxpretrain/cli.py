@@ -192,8 +192,8 @@ def _evaluate(a):
     if a.prompt: print(f"\n{'greedy' if a.greedy else 'sampled (top 50)'}: {out['sample']}")
 
 def _export_hf(a):
-    from nxpretrain.train.hf import export_hf
-    print(export_hf(a.checkpoint, a.out))
+    from nxpretrain.convert.convert import convert
+    print(convert(a.checkpoint, 'hf', a.out, data_root=a.data_dir))     # `convert --to hf`
 
 def _convert(a):
     from nxpretrain.convert.convert import convert
@@ -201,8 +201,8 @@ def _convert(a):
     print(convert(a.src, a.to, a.out, a.tp, a.pp, data_root=a.data_dir, **layout))   # each engine takes its own
 
 def _import_hf(a):
-    from nxpretrain.train.hf import import_hf
-    print(import_hf(a.hf_dir, a.out)[0])
+    from nxpretrain.convert.convert import convert
+    print(convert(a.hf_dir, 'native', a.out, src_format='hf'))         # `convert --to native` of an HF folder
 
 # %% ../nbs/api/08_cli.ipynb #cc86d02b
 def _demo(a):
@@ -270,12 +270,16 @@ def _checkpoint_commands(cmd):
     p.add_argument('--max-new-tokens', type=int, default=40, help='length of the sample in tokens (default 40)')
     p.add_argument('--greedy', action='store_true', help="the most likely token each time (what transformers' "
                                                          "generate gives) instead of top-50 sampling")
-    p = cmd('export-hf', _export_hf, 'write a checkpoint as a Hugging Face folder (config.json + safetensors)')
+    p = cmd('export-hf', _export_hf, 'convert --to hf: write a checkpoint of any engine as a Hugging Face folder '
+                                     '(config.json + safetensors + tokenizer)')
     p.add_argument('checkpoint', help='a checkpoint folder, e.g. runs/RUN/checkpoints/step_300')
-    p.add_argument('out', help='the Hugging Face folder to write (config, weights, tokenizer, generation config)')
-    p = cmd('import-hf', _import_hf, 'turn a Hugging Face folder (safetensors) into an nxpretrain checkpoint')
+    p.add_argument('out', help='the new Hugging Face folder to write (config, weights, tokenizer, generation config)')
+    p.add_argument('--data-dir', default=None, help="where the run's tokenizer files are (default: $NXPRETRAIN_DATA "
+                                                    "or the data folder of the run)")
+    p = cmd('import-hf', _import_hf, 'convert --to native: turn a Hugging Face folder (safetensors) into an nxpretrain '
+                                     'checkpoint')
     p.add_argument('hf_dir', help='a Hugging Face model folder with config.json and safetensors weights')
-    p.add_argument('out', help='the nxpretrain checkpoint folder to write')
+    p.add_argument('out', help='the new nxpretrain checkpoint folder to write (its step_0 and recipe.yaml)')
     p = cmd('convert', _convert, 'convert a checkpoint (nxpretrain, Megatron-LM torch_dist, NxD) or an HF folder into '
                                  'another of those formats; the model is read from the checkpoint')
     p.add_argument('src', help='a checkpoint, checkpoints or run folder of any engine, or a Hugging Face folder')

@@ -125,7 +125,10 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     from nxpretrain.engines.base import engine_of
     from nxpretrain.launch.launcher import get_launcher
     engine = engine_of(r)
-    if action == 'local' and engine.in_process: return _recorded(engine.train(r, str(runs_dir(out_dir))), model)
+    if action == 'local' and engine.in_process:      # here, in this process: the run's own folder holds its init
+        runs = runs_dir(out_dir)
+        start = {'init_from': _init_options(r, init_from, runs / r.name, True)['init_from']} if init_from else {}
+        return _recorded(engine.train(r, str(runs), **start), model)
     from nxpretrain.launch.job import resolve_cluster
     from nxpretrain.launch.stage_path import data_root
     on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher

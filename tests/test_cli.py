@@ -217,7 +217,7 @@ BAD_INPUT = {  # subcommand: [(argv, words the one line must hold)]
     'watch': [(['watch', '12'], 'job 12: no job of that id was submitted from here')],
     'cancel': [(['cancel', 'x1'], 'job x1: no job of that id was submitted from here')],
     'evaluate': [(['evaluate', 'runs/nosuch'], 'runs/nosuch: no such checkpoint folder')],
-    'export-hf': [(['export-hf', 'runs/nosuch', 'hf'], 'runs/nosuch: no such checkpoint folder')],
+    'export-hf': [(['export-hf', 'runs/nosuch', 'hf'], 'runs/nosuch: no such checkpoint or folder')],
     'import-hf': [(['import-hf', 'nosuch', 'out'], 'nosuch: no config.json; give a Hugging Face model folder')],
     'convert': [(['convert', 'nosuch', '--to', 'hf', '--out', 'out'], 'nosuch: no such checkpoint or folder')],
     'demo': [

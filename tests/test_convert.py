@@ -217,3 +217,47 @@ def test_evaluate_and_export_hf_read_an_nxdt_run(tmp_path):
     theirs = transformers.LlamaForCausalLM.from_pretrained(hf).eval()
     with torch.no_grad(): ours, want = model(x)[..., :100], theirs(x).logits
     torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
+
+
+LLAMA_RECIPE = ('model.n_layers=3', 'model.hidden=32', 'model.n_heads=8', 'model.n_kv_heads=2', 'model.ffn_hidden=40',
+                'model.vocab_size=100', 'model.seq_len=16', 'model.tie_embeddings=false',
+                'model.make_vocab_size_divisible_by=16', 'model.rope_theta=10000', 'model.norm_eps=1e-5',
+                'data.corpus=synthetic', 'data.micro_batch=4', 'data.global_batch=4', 'parallel.precision=fp32',
+                'trainer.threads=1', 'trainer.eval_every=0', 'trainer.save_every=0')
+
+
+def test_native_training_starts_from_hf_weights(tmp_path):
+    """`nxpretrain train R init_from=HF_DIR` on the native engine: converted once into the run's folder, then step 1's
+    loss is transformers' loss of the HF model on the same batch (step 0, a fresh optimizer)."""
+    import transformers
+    from nxpretrain.stages import train_stage
+    from nxpretrain.recipes import get_recipe
+    from nxpretrain.train.trainer import build_datasets, micro_batches
+    from nxpretrain.models.args import padded_vocab
+    hf = hf_folder(LLAMA, tmp_path / 'hf')
+    res = train_stage('llama3_tiny', overrides=[*LLAMA_RECIPE, f'init_from={hf}'], max_steps=2,
+                      out_dir=str(tmp_path / 'runs'), show=lambda *a: None)
+    assert res.start_step == 0 and len(res.losses) == 2
+    assert (tmp_path / 'runs' / 'llama3_tiny' / 'init' / 'hf-native-tp1-pp1' / 'step_0').is_dir()
+    r = get_recipe('llama3_tiny', *LLAMA_RECIPE)
+    batch = next(iter(micro_batches(build_datasets(r, 8)[0], 0, 4, 4)))
+    theirs = transformers.LlamaForCausalLM.from_pretrained(hf).eval()
+    with torch.no_grad(): logits = theirs(batch['tokens']).logits
+    # the trainer's softmax spans the padded vocabulary (112 rows, as Megatron-LM's): the padding rows are zero
+    logits = torch.nn.functional.pad(logits, (0, padded_vocab(r.model) - 100))
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch['labels'].flatten()).item()
+    assert abs(res.losses[0] - want) < 1e-5, (res.losses[0], want)
+    fresh = train_stage('llama3_tiny', overrides=list(LLAMA_RECIPE), max_steps=1, out_dir=str(tmp_path / 'fresh'),
+                        show=lambda *a: None)
+    assert abs(fresh.losses[0] - want) > 0.1                          # a fresh init gives another loss
+
+
+def test_native_init_from_a_wrong_shape_is_one_line_before_anything_runs(tmp_path):
+    hf = hf_folder(LLAMA, tmp_path / 'hf')
+    argv = ['train', 'llama3_tiny', *LLAMA_RECIPE, 'model.ffn_hidden=48', f'init_from={hf}', '--out',
+            str(tmp_path / 'runs')]
+    p = subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main({argv!r})"], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path, env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert '\n' not in p.stderr.strip() and 'ffn: 40 vs 48' in p.stderr, p.stderr
+    assert not (tmp_path / 'runs' / 'llama3_tiny').exists()

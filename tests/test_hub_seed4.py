@@ -68,7 +68,7 @@ def test_gated_model_without_or_with_a_wrong_token_is_one_line(tmp_path, hub, mo
 def test_seed4_flow_from_the_local_hub(tmp_path, hub, token, monkeypatch, capfd):
     from transformers import LlamaForCausalLM
     from nxpretrain.data.prepare import prepare
-    from nxpretrain.train.hf import import_hf, export_hf
+    from nxpretrain.convert.convert import convert
     from nxpretrain.train.checkpoint import checkpoint_recipe
     from nxpretrain.train.checkpoint import load_weights
     from nxpretrain.models.registry import build_model
@@ -87,11 +87,11 @@ def test_seed4_flow_from_the_local_hub(tmp_path, hub, token, monkeypatch, capfd)
                    'model.n_layers=2', 'model.hidden=64', 'model.n_heads=8', 'model.n_kv_heads=2',
                    'model.ffn_hidden=176', 'model.seq_len=32', 'data.micro_batch=2', 'data.global_batch=4',
                    'trainer.threads=1', 'trainer.eval_every=0', 'trainer.save_every=2', 'parallel.precision=fp32',
-                   'optim.warmup_steps=1')
-    ck, _ = import_hf(weights, tmp_path / 'imported', recipe=r)
+                   'optim.warmup_steps=1', 'model.norm_eps=1e-6')   # the Hub config's, as the import checks
+    ck = convert(weights, 'native', tmp_path / 'imported', recipe=r)
     res = dist_train(override(r, 'parallel.tp=2'), tmp_path / 'run', 2, resume_from=str(ck), weights_only=True)
     assert len(res.losses) == 2 and res.losses[0] < 7.0             # the Hub weights, not a fresh model (ln 512 ≈ 6.24)
-    out = export_hf(res.last_checkpoint, tmp_path / 'export')
+    out = convert(res.last_checkpoint, 'hf', tmp_path / 'export')
     hf = LlamaForCausalLM.from_pretrained(out).eval()
     rr = checkpoint_recipe(res.last_checkpoint)
     ours = build_model(rr.model, padded_vocab(rr.model, rr.parallel.tp))

@@ -50,13 +50,13 @@ def test_zero1_lamb_resumes_bit_for_bit(tmp_path, single):
 
 def test_checkpoint_exports_to_transformers(tmp_path, single):
     from transformers import BertForPreTraining
-    from nxpretrain.train.hf import export_hf
+    from nxpretrain.convert.convert import convert
     from nxpretrain.train.checkpoint import checkpoint_recipe
     from nxpretrain.models.registry import build_model
     from nxpretrain.train.checkpoint import load_weights
     from nxpretrain.models.args import padded_vocab
     ck = single.last_checkpoint
-    out = export_hf(ck, tmp_path / 'hf')
+    out = convert(ck, 'hf', tmp_path / 'hf', data_root='runs/data')   # where `train` put the demo tokenizer
     hf = BertForPreTraining.from_pretrained(out).eval()
     r = checkpoint_recipe(ck)
     ours = build_model(r.model, padded_vocab(r.model, r.parallel.tp))

@@ -129,7 +129,7 @@ def check_checkpoint(ck: Path, native: Path, tmp_path: Path):
     from nxpretrain.evaluate import perplexity
     from nxpretrain.plan import checkpoint_bytes
     from nxpretrain.train.checkpoint import latest_checkpoint, safe_reader
-    from nxpretrain.train.hf import export_hf
+    from nxpretrain.convert.convert import convert
     from nxpretrain.train.checkpoint import checkpoint_recipe
     from safetensors.torch import load_file
     assert latest_checkpoint(ck.parent) == ck
@@ -141,7 +141,7 @@ def check_checkpoint(ck: Path, native: Path, tmp_path: Path):
     assert abs(written / checkpoint_bytes(r) - 1) < 0.05, (written, checkpoint_bytes(r))
     ours, theirs = perplexity(ck, steps=1), perplexity(native, steps=1)
     assert abs(ours['loss'] / theirs['loss'] - 1) < 1e-3, (ours, theirs)
-    hf = {name: load_file(str(export_hf(d, tmp_path / 'hf' / name) / 'model.safetensors'))
+    hf = {name: load_file(str(convert(d, 'hf', tmp_path / 'hf' / name, data_root='runs/data') / 'model.safetensors'))
           for name, d in (('xla', ck), ('native', native))}
     # the weights after 4 LAMB steps (lr 5e-3): the loss's float32 rounding moves them by up to 8.5e-4 (measured)
     assert sorted(hf['xla']) == sorted(hf['native'])

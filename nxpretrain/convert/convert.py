@@ -45,9 +45,9 @@ def source_format(path) -> str:
     others = [name for name in formats()[1:] if name != DEFAULT_ENGINE]
     return next((name for name in others if get_engine(name).holds_source(p)), DEFAULT_ENGINE)
 
-def read_model(path, recipe: Recipe | None = None) -> ModelSource:
-    "The `ModelSource` of the checkpoint or HF folder at `path`, its format detected."
-    fmt = source_format(path)
+def read_model(path, recipe: Recipe | None = None, fmt: str | None = None) -> ModelSource:
+    "The `ModelSource` of the checkpoint or HF folder at `path`, in format `fmt` (detected when None)."
+    fmt = fmt or source_format(path)
     return read_hf(path, recipe) if fmt == 'hf' else get_engine(fmt).read_source(path, recipe)
 
 # %% ../../nbs/api/48d_convert.ipynb #75bad4ec
@@ -82,13 +82,14 @@ def tokenizer_root(src: ModelSource, data_root=None) -> Path:
 
 # %% ../../nbs/api/48d_convert.ipynb #8dedd097
 def convert(src, to: str, out, tp: int = 1, pp: int = 1, recipe: Recipe | None = None, dtype=None, data_root=None,
-            **options) -> Path:
-    """Convert the checkpoint or HF folder `src` into format `to` (one of `formats()`) in the new folder `out`; the
-    engine's `write_checkpoint` takes `dtype` and the `options` it knows (NxD's layout)."""
+            max_shard_gb: float = 5.0, src_format: str | None = None, **options) -> Path:
+    """Convert the checkpoint or HF folder `src` (in format `src_format`, detected when None) into format `to` (one of
+    `formats()`) in the new folder `out`; the path of what was written (`out`, or nxpretrain's `out/step_0`). The engine's
+    `write_checkpoint` takes `dtype` and the `options` it knows (NxD's layout); HF shards hold `max_shard_gb`."""
     if to not in formats(): raise RecipeError(f"--to {to}: choose one of {', '.join(formats())}")
     check_new_folder(out)
-    model = read_model(src, recipe)
+    model = read_model(src, recipe, src_format)
     with atomic_folder(out) as tmp:
-        if to == 'hf': write_hf(model, tmp, dtype, data_root)
-        else: get_engine(to).write_checkpoint(model, tmp, tp, pp, dtype=dtype, **options)
-    return Path(out)
+        if to == 'hf': written = write_hf(model, tmp, dtype, data_root, max_shard_gb)
+        else: written = get_engine(to).write_checkpoint(model, tmp, tp, pp, dtype=dtype, **options)
+    return Path(out) / Path(written or tmp).relative_to(tmp)

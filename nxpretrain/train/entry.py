@@ -11,7 +11,7 @@ from ..errors import EXIT_BAD_INPUT, EXIT_REQUEUE, CheckpointError, DataError, R
 from .trainer import EXIT_OK, EXIT_NONFINITE
 
 # %% auto #0
-__all__ = ['EXIT_STATUS_FILE', 'exit_status', 'parser', 'main']
+__all__ = ['EXIT_STATUS_FILE', 'exit_status', 'parser', 'start_from', 'main']
 
 # %% ../../nbs/api/44_entry.ipynb #d2ccd468
 EXIT_STATUS_FILE = 'exit_status.json'
@@ -34,12 +34,27 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument('--resume-from', default=None, help='a checkpoint folder (default: newest complete one of this run)')
     p.add_argument('--weights-only', action='store_true',
                    help='take only the weights from --resume-from (continual pretraining)')
+    p.add_argument('--init-from', default='', help='continual pretraining: the weights of this nxpretrain checkpoint (or '
+                   'the folder `nxpretrain convert --to native` wrote), step 0 and a fresh optimizer, while the run '
+                   'has no checkpoint of its own')
     p.add_argument('--async-save', action='store_true', help='write checkpoints in the background')
     p.add_argument('--no-progress', action='store_true', help='no progress bar (plain log lines only)')
     p.add_argument('--data-root', default='runs/data', help='where the data is found or prepared')
     return p
 
 # %% ../../nbs/api/44_entry.ipynb #4628eaa9
+def start_from(recipe, out_dir=None, init_from: str = '', resume_from: str | None = None,
+               weights_only: bool = False) -> dict:
+    """`train`'s `resume_from` and `weights_only` for a run of `recipe` under `out_dir`: the weights of checkpoint
+    `init_from` (step 0, fresh optimizer) while the run has no complete checkpoint of its own, else as given."""
+    from nxpretrain.train.checkpoint import latest_checkpoint
+    from nxpretrain.train.model_source import native_save
+    own = Path(out_dir or recipe.trainer.out_dir) / recipe.name / 'checkpoints'
+    resumes = recipe.trainer.resume and own.is_dir() and latest_checkpoint(own, deep=False, log=lambda *a: None)
+    if not init_from or resumes or resume_from: return dict(resume_from=resume_from, weights_only=weights_only)
+    return dict(resume_from=str(native_save(init_from)), weights_only=True)
+
+# %% ../../nbs/api/44_entry.ipynb #dce08219
 def main(argv: list[str] | None = None) -> int:
     "Parse `argv`, train, write `exit_status.json`, return the exit code."
     from nxpretrain.recipes import get_recipe
@@ -49,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_intermixed_args(argv)
     try:
         recipe = get_recipe(a.recipe, *a.overrides)
-        res = train(recipe, a.out_dir, a.max_steps, resume_from=a.resume_from, weights_only=a.weights_only,
-                    async_save=a.async_save, progress=not a.no_progress, data_root=a.data_root)
+        start = start_from(recipe, a.out_dir, a.init_from, a.resume_from, a.weights_only)
+        res = train(recipe, a.out_dir, a.max_steps, **start, async_save=a.async_save, progress=not a.no_progress,
+                    data_root=a.data_root)
     except (RecipeError, CheckpointError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -19,7 +19,8 @@ from ...seeds import carried_env, write_differences
 
 # %% auto #0
 __all__ = ['SEED3_ENV', 'SEED3_CC_FLAGS', 'RUN_XLA_SH', 'xla_jobs', 'export_xla_dp', 'native_problems',
-           'complete_checkpoints', 'unfinished', 'native_calibration', 'preflight_job', 'NativeEngine']
+           'complete_checkpoints', 'unfinished', 'native_calibration', 'preflight_job', 'start_from_weights',
+           'NativeEngine']
 
 # %% ../../../nbs/api/49c_native.ipynb #49e34a2c
 SEED3_ENV = carried_env(3, skip=('NEURON_CC_FLAGS',))   # catalog/seeds/seed3.yaml; the flags are RUN_XLA_SH's line
@@ -128,22 +129,37 @@ def preflight_job(r: Recipe, out_dir, steps: int, entry: str, env: dict) -> Job:
     return make_job(r, None, out_dir, overrides=short, entry=entry, kind='preflight', env=env)
 
 # %% ../../../nbs/api/49c_native.ipynb #bbfcf70e
+def start_from_weights(job: Job, r: Recipe, init_from, init_from_hf: str = '') -> Job:
+    "`job` (of recipe `r`) started from the weights of nxpretrain checkpoint `init_from`, converted from `init_from_hf`."
+    from nxpretrain.engines.base import engine_of
+    job.argv = [*job.argv, '--init-from', str(init_from)]
+    job.needs[f'{init_from}/step_0'] = 'convert the HF weights (any CPU): ' + engine_of(r).init_from_command(
+        r, init_from_hf or '<the HF model folder>', init_from)
+    render_job(job)
+    job.script_path.write_text(job.script)
+    return job
+
+# %% ../../../nbs/api/49c_native.ipynb #dba1f9f8
 @register_engine
 class NativeEngine(Engine):
     "nxpretrain's own trainer (`nxpretrain.train.trainer`)."
     name, framework = 'native', 'nxpretrain'
     checkpoint_format = 'torch.distributed.checkpoint: step_N/ with a manifest and a COMPLETE marker'
-    in_process = writes_run_folder = traced = writes_checkpoints = True
+    in_process = writes_run_folder = traced = writes_checkpoints = takes_init_from = True
     own_neuron_cache = False    # TorchNeuron compiles through inductor into the recipe's cache (parallel.compile)
 
     def problems(self, recipe, world: int) -> list[str]: return native_problems(recipe)
 
     def export(self, recipe, out_dir, cluster=None, overrides=(), cache_url: str = '', data_root='runs/data',
-               **options) -> dict:
+               init_from: str = '', init_from_hf: str = '', **options) -> dict:
         r, prof = resolve_cluster(override(recipe, *overrides), cluster)
         validate(r, r.cluster.nodes * prof.devices_per_node)
+        if prof.backend == 'xla' and init_from:
+            raise RecipeError(f"init_from on {prof.name}: seed 3's XLA run starts from its own init only; drop "
+                              "init_from, or use engine=nxdt")
         if prof.backend == 'xla': return export_xla_dp(r, out_dir, cache_url, data_root)
-        return {'train': make_job(r, None, out_dir, **options)}
+        job = make_job(r, None, out_dir, **options)
+        return {'train': start_from_weights(job, r, init_from, init_from_hf) if init_from else job}
 
     def parse_progress(self, line: str) -> dict | None:
         from nxpretrain.launch.watch import parse_progress
@@ -167,9 +183,11 @@ class NativeEngine(Engine):
 
     def requeue(self, folder, recipe) -> bool: return unfinished(folder, recipe.trainer.max_steps)
 
-    def train(self, recipe, out_dir):
+    def train(self, recipe, out_dir, init_from: str = ''):
+        "Train `recipe` here; from the weights of checkpoint `init_from` while the run has none of its own."
         from nxpretrain.train.trainer import train
-        return train(recipe, out_dir=out_dir)
+        from nxpretrain.train.entry import start_from
+        return train(recipe, out_dir=out_dir, **start_from(recipe, out_dir, init_from))
 
     def preflight_job(self, recipe, out_dir, steps: int, entry: str, env: dict) -> Job:
         return preflight_job(recipe, out_dir, steps, entry, env)
