@@ -84,8 +84,9 @@ def tokenizer_root(src: ModelSource, data_root=None) -> Path:
 def convert(src, to: str, out, tp: int = 1, pp: int = 1, recipe: Recipe | None = None, dtype=None, data_root=None,
             max_shard_gb: float = 5.0, src_format: str | None = None, **options) -> Path:
     """Convert the checkpoint or HF folder `src` (in format `src_format`, detected when None) into format `to` (one of
-    `formats()`) in the new folder `out`; the path of what was written (`out`, or nxpretrain's `out/step_0`). The engine's
-    `write_checkpoint` takes `dtype` and the `options` it knows (NxD's layout); HF shards hold `max_shard_gb`."""
+    `formats()`) in the new folder `out`; the path of what was written (`out`, or nxpretrain's `out/step_0`). The
+    engine's `write_checkpoint` takes `dtype` and the `options` it knows (NxD's layout); HF shards hold
+    `max_shard_gb`."""
     if to not in formats(): raise RecipeError(f"--to {to}: choose one of {', '.join(formats())}")
     check_new_folder(out)
     model = read_model(src, recipe, src_format)

@@ -34,9 +34,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument('--resume-from', default=None, help='a checkpoint folder (default: newest complete one of this run)')
     p.add_argument('--weights-only', action='store_true',
                    help='take only the weights from --resume-from (continual pretraining)')
-    p.add_argument('--init-from', default='', help='continual pretraining: the weights of this nxpretrain checkpoint (or '
-                   'the folder `nxpretrain convert --to native` wrote), step 0 and a fresh optimizer, while the run '
-                   'has no checkpoint of its own')
+    p.add_argument('--init-from', default='',
+                   help='continual pretraining: the weights of this nxpretrain checkpoint (or the folder `nxpretrain '
+                        'convert --to native` wrote), step 0 and a fresh optimizer, while the run has no checkpoint '
+                        'of its own')
     p.add_argument('--async-save', action='store_true', help='write checkpoints in the background')
     p.add_argument('--no-progress', action='store_true', help='no progress bar (plain log lines only)')
     p.add_argument('--data-root', default='runs/data', help='where the data is found or prepared')

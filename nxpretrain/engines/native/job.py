@@ -130,7 +130,7 @@ def preflight_job(r: Recipe, out_dir, steps: int, entry: str, env: dict) -> Job:
 
 # %% ../../../nbs/api/49c_native.ipynb #bbfcf70e
 def start_from_weights(job: Job, r: Recipe, init_from, init_from_hf: str = '') -> Job:
-    "`job` (of recipe `r`) started from the weights of nxpretrain checkpoint `init_from`, converted from `init_from_hf`."
+    "`job` (of recipe `r`) started from the weights of checkpoint `init_from`, converted from `init_from_hf`."
     from nxpretrain.engines.base import engine_of
     job.argv = [*job.argv, '--init-from', str(init_from)]
     job.needs[f'{init_from}/step_0'] = 'convert the HF weights (any CPU): ' + engine_of(r).init_from_command(
