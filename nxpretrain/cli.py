@@ -197,7 +197,8 @@ def _export_hf(a):
 
 def _convert(a):
     from nxpretrain.convert.convert import convert
-    layout = dict(hw_backend=a.hw_backend, xser=not a.no_xser, kv_multiplier=a.kv_multiplier, fuse_qkv=a.fuse_qkv)
+    layout = dict(hw_backend=a.hw_backend, xser=not a.no_xser, kv_multiplier=a.kv_multiplier, fuse_qkv=a.fuse_qkv,
+                  transformer_impl=a.transformer_impl)
     print(convert(a.src, a.to, a.out, a.tp, a.pp, data_root=a.data_dir, **layout))   # each engine takes its own
 
 def _import_hf(a):
@@ -296,6 +297,9 @@ def _checkpoint_commands(cmd):
                                                                     "kv_size_multiplier; default: as TP needs)")
     p.add_argument('--fuse-qkv', action='store_true', help="--to nxdt: one qkv_proj.weight_qkv per rank (NxDT's "
                                                            "fuse_qkv)")
+    p.add_argument('--transformer-impl', default='local', choices=('local', 'transformer_engine'),
+                   help="--to megatron: the megatron-core spec whose _extra_state keys the save holds (default local; "
+                        "Megatron-LM's GPU default is transformer_engine)")
 
 # %% ../nbs/api/08_cli.ipynb #357626c5
 def _run_commands(cmd):

@@ -15,9 +15,9 @@ from .args import megatron_facts, read_common, megatron_model_config, megatron_l
 from ...train.model_source import ModelSource, model_names, check_model
 
 # %% auto #0
-__all__ = ['TRACKER', 'megatron_pairs', 'megatron_vocab', 'part_of', 'fused', 'save_folder', 'read_megatron',
-           'megatron_take', 'megatron_args', 'megatron_items', 'src_shape', 'write_megatron', 'MegatronPlanner',
-           'extra_state_keys']
+__all__ = ['TRACKER', 'TRANSFORMER_IMPLS', 'megatron_pairs', 'megatron_vocab', 'part_of', 'fused', 'save_folder',
+           'read_megatron', 'megatron_take', 'megatron_args', 'megatron_items', 'src_shape', 'write_megatron',
+           'MegatronPlanner', 'extra_state_keys', 'extra_state_value']
 
 # %% ../../../nbs/api/48b_megatron_format.ipynb #a963bc22
 _LAYER = re.compile(r'^decoder\.layers\.(\d+)\.')
@@ -124,14 +124,16 @@ def megatron_take(d: Path, metadata, cfg: ModelConfig, names):
     return take
 
 # %% ../../../nbs/api/48b_megatron_format.ipynb #decfaadf
-def megatron_args(cfg: ModelConfig, tp: int, pp: int) -> argparse.Namespace:
-    "The Megatron-LM args a save of `cfg` at (`tp`, `pp`) records: the facts' model args, family flags and layout."
+def megatron_args(cfg: ModelConfig, tp: int, pp: int, transformer_impl: str = 'local') -> argparse.Namespace:
+    """The Megatron-LM args a save of `cfg` at (`tp`, `pp`) under spec `transformer_impl` records: the facts' model
+    args, family flags and layout."""
     facts = megatron_facts()
     kw = {key: getattr(cfg, fact['field']) for key, fact in facts['args'].items()}
     kw.update(facts['families'][cfg.arch], ffn_hidden_size=cfg.ffn, num_query_groups=cfg.kv_heads,
               group_query_attention=cfg.kv_heads != cfg.n_heads, max_position_embeddings=cfg.positions,
               untie_embeddings_and_output_weights=not cfg.tie_embeddings, padded_vocab_size=megatron_vocab(cfg, tp),
-              tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, kv_channels=cfg.head_dim)
+              tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, kv_channels=cfg.head_dim,
+              transformer_impl=transformer_impl)
     return argparse.Namespace(**kw)
 
 def megatron_items(src: ModelSource, tp: int) -> dict:
@@ -156,11 +158,14 @@ def src_shape(src: ModelSource, name: str) -> tuple:
     return model_names(src.cfg)[name]
 
 # %% ../../../nbs/api/48b_megatron_format.ipynb #09eb8b0b
-def write_megatron(src: ModelSource, out, tp: int = 1, pp: int = 1, dtype=None) -> Path:
-    """Write `src` into folder `out` as a Megatron-LM torch_dist save at (`tp`, `pp`): tracker `release`, the save in
-    `out/release`. `dtype`: the saved dtype (default float32). One layer of one tensor is in memory at a time."""
+def write_megatron(src: ModelSource, out, tp: int = 1, pp: int = 1, dtype=None,
+                   transformer_impl: str = 'local') -> Path:
+    """Write `src` into folder `out` as a Megatron-LM torch_dist save at (`tp`, `pp`) for megatron-core's
+    `transformer_impl` spec ('local', or 'transformer_engine'): tracker `release`, the save in `out/release`. `dtype`:
+    the saved dtype (default float32). One layer of one tensor is in memory at a time."""
     import torch, torch.distributed.checkpoint as dcp
     from nxpretrain.train.checkpoint import quiet_dcp
+    extra_state_keys(src.cfg, transformer_impl)             # a spec it does not know: one line, nothing written
     if src.cfg.n_layers % pp: raise RecipeError(f"--pp {pp} does not divide the model's {src.cfg.n_layers} layers")
     for what, n in (('heads', src.cfg.n_heads), ('query groups', src.cfg.kv_heads)):
         if n % tp: raise RecipeError(f"--tp {tp} does not divide the model's {n} {what}")
@@ -171,8 +176,8 @@ def write_megatron(src: ModelSource, out, tp: int = 1, pp: int = 1, dtype=None) 
     dtype = dtype or torch.float32
     with quiet_dcp():
         dcp.save({}, storage_writer=dcp.FileSystemWriter(str(d), thread_count=1),
-                 planner=MegatronPlanner(src, items, dtype), no_dist=True)
-    common = dict(args=megatron_args(src.cfg, tp, pp), checkpoint_version=3.0, iteration=0)
+                 planner=MegatronPlanner(src, items, dtype, transformer_impl), no_dist=True)
+    common = dict(args=megatron_args(src.cfg, tp, pp, transformer_impl), checkpoint_version=3.0, iteration=0)
     torch.save(common, d / 'common.pt')
     facts = megatron_facts()['save']['metadata_json']
     (d / 'metadata.json').write_text(json.dumps({k: v for k, v in facts.items() if k != 'source'}))
@@ -188,9 +193,9 @@ def _planner_class():
 
     class MegatronPlanner(DefaultSavePlanner):
         "A DCP save plan of megatron-core's keys, one chunk per layer; each chunk is made when it is written."
-        def __init__(self, src, items: dict, dtype):
+        def __init__(self, src, items: dict, dtype, impl: str = 'local'):
             super().__init__()
-            self.src, self.items, self.dtype = src, items, dtype
+            self.src, self.items, self.dtype, self.impl = src, items, dtype, impl
 
         def create_local_plan(self):
             plan = []
@@ -203,7 +208,7 @@ def _planner_class():
                                            size=torch.Size(shape))
                     plan.append(WriteItem(index=MetadataIndex(key, torch.Size(offsets)), type=WriteItemType.SHARD,
                                           tensor_data=data))
-            for key in extra_state_keys(self.src.cfg):
+            for key in extra_state_keys(self.src.cfg, self.impl):
                 plan.append(WriteItem(index=MetadataIndex(key), type=WriteItemType.BYTE_IO))
             self.plan = SavePlan(plan, planner_data={})
             return self.plan
@@ -212,7 +217,7 @@ def _planner_class():
             key = item.index.fqn
             if key not in self.items:
                 buf = io.BytesIO()
-                torch.save([None], buf)
+                torch.save([extra_state_value(self.impl)], buf)
                 buf.seek(0)
                 return buf
             shape, layers, parts = self.items[key]
@@ -224,11 +229,27 @@ def _planner_class():
             return t[None] if layers else t
     return MegatronPlanner
 
-def MegatronPlanner(src, items, dtype):
-    "DCP save planner writing `items` (`megatron_items`) of `src` in `dtype`, plus the `_extra_state` entries."
-    return _planner_class()(src, items, dtype)
+def MegatronPlanner(src, items, dtype, impl: str = 'local'):
+    """DCP save planner writing `items` (`megatron_items`) of `src` in `dtype`, plus the `_extra_state` entries of spec
+    `impl`."""
+    return _planner_class()(src, items, dtype, impl)
 
-def extra_state_keys(cfg: ModelConfig) -> list[str]:
-    "The `_extra_state` keys megatron-core's local-spec GPTModel of `cfg` asks for (one per module and layer)."
-    L = cfg.n_layers
-    return [f'decoder.layers.{m}._extra_state/shard_{i}_{L}' for m in megatron_facts()['extra_state'] for i in range(L)]
+TRANSFORMER_IMPLS = ('local', 'transformer_engine')    # Megatron-LM's --transformer-impl choices (arguments.py:1002)
+
+def extra_state_keys(cfg: ModelConfig, impl: str = 'local') -> list[str]:
+    """The `_extra_state` keys megatron-core's GPTModel of `cfg` asks for under spec `impl`: one per module and layer
+    (stacked), and under TransformerEngine's one for the final norm."""
+    if impl not in TRANSFORMER_IMPLS:
+        raise RecipeError(f"transformer_impl={impl!r}: choose one of {', '.join(TRANSFORMER_IMPLS)}")
+    facts, L = megatron_facts(), cfg.n_layers
+    te = facts['transformer_engine'] if impl == 'transformer_engine' else dict(layer_extra_state=facts['extra_state'],
+                                                                               model_extra_state=[])
+    return ([f'decoder.layers.{m}._extra_state/shard_{i}_{L}' for m in te['layer_extra_state'] for i in range(L)] +
+            [f'{m}._extra_state/shard_0_1' for m in te['model_extra_state']])
+
+def extra_state_value(impl: str = 'local'):
+    "What each `_extra_state` entry of spec `impl` holds with no FP8: None (local), TE's empty uint8 tensor."
+    import torch
+    if impl == 'local': return None
+    value = megatron_facts()['transformer_engine']['value']
+    return torch.empty(value['numel'], dtype=getattr(torch, value['dtype']))

@@ -368,9 +368,19 @@ class MegatronEngine(Engine):
         from nxpretrain.engines.megatron.format import read_megatron
         return read_megatron(path, recipe)
 
-    def write_checkpoint(self, source, out, tp: int = 1, pp: int = 1, dtype=None, **options) -> Path:
+    def write_checkpoint(self, source, out, tp: int = 1, pp: int = 1, dtype=None, transformer_impl: str = 'local',
+                         **options) -> Path:
         from nxpretrain.engines.megatron.format import write_megatron
-        return write_megatron(source, out, tp, pp, dtype)
+        return write_megatron(source, out, tp, pp, dtype, transformer_impl)
+
+    def convert_options(self, recipe) -> dict:
+        """The spec the job's Megatron-LM builds: the job sets no --transformer-impl, so its default (TransformerEngine,
+        whose `_extra_state` keys the save must hold)."""
+        from nxpretrain.engines.megatron.contract import load_contract
+        return dict(transformer_impl=load_contract()['flags']['transformer-impl']['default'])
+
+    def convert_flags(self, recipe) -> list[str]:
+        return ['--transformer-impl', self.convert_options(recipe)['transformer_impl']]
 
     def requeue(self, folder, recipe) -> bool:
         done = self.checkpoints(folder)
