@@ -186,7 +186,11 @@ def test_a_megatron_lm_job_starts_from_converted_weights(tmp_path):
                            megatron_lm=str(tmp_path / 'Megatron-LM'), init_from=str(folder), init_from_hf=str(hf))
     assert engine_of(r).check(jobs) == []
     assert read_flags(tmp_path / 'job' / 'megatron.args')['pretrained-checkpoint'] == [str(folder)]
-    assert f'nxpretrain convert {hf} --to megatron --out {folder} --tp 2 --pp 1' in jobs['train'].script
+    assert (f'nxpretrain convert {hf} --to megatron --out {folder} --tp 2 --pp 1 --transformer-impl '
+            'transformer_engine') in jobs['train'].script                  # the spec the job's Megatron-LM builds
+    from torch.distributed.checkpoint import FileSystemReader
+    keys = FileSystemReader(str(folder / 'release')).read_metadata().state_dict_metadata
+    assert 'decoder.final_layernorm._extra_state/shard_0_1' in keys       # TransformerEngine's spec
     convert(folder, 'hf', tmp_path / 'back')
     same_hf(hf, tmp_path / 'back')
 

@@ -5,7 +5,11 @@
   logits equal transformers' within 1e-5;
 - a megatron-core save with Megatron-LM's args in common.pt (an AttnBackend enum among them) and no recipe.yaml
   anywhere → `nxpretrain convert --to hf` → a transformers model with megatron-core's logits;
-- a recipe.yaml with a wrong head count beside that save → refused in one line, no output folder."""
+- a recipe.yaml with a wrong head count beside that save → refused in one line, no output folder;
+- `--transformer-impl transformer_engine` (Megatron-LM's GPU default): megatron-core's local-spec model finds every key
+  it asks for, the save's only other key is the one TransformerEngine's spec adds (`format.yaml`), each `_extra_state`
+  holds TE's empty uint8 tensor, the logits equal transformers', and the save reads back into HF; megatron-core
+  cannot build the TE spec itself without transformer_engine (the NameError recorded)."""
 import argparse, datetime, os, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
@@ -24,6 +28,7 @@ LLAMA = ModelConfig(arch='llama', n_layers=2, hidden=64, n_heads=4, n_kv_heads=2
 CASES = {'gpt_tp1': (GPT, 1), 'gpt_untied_tp2': (ModelConfig(**{**vars(GPT), 'tie_embeddings': False}), 2),
          'llama_tp1': (LLAMA, 1), 'llama_tp2': (LLAMA, 2)}
 SAVES = {'llama_saved_tp2': (LLAMA, 2)}      # saved by megatron-core itself, Megatron-LM's args in common.pt
+TE = {'llama_te_tp2': (LLAMA, 2), 'gpt_te_tp1': (GPT, 1)}   # written for TransformerEngine's spec
 
 
 def tokens(vocab: int) -> torch.Tensor:
@@ -97,6 +102,18 @@ def load_and_save(out: str, world: int):
         assert common['args'].tensor_model_parallel_size == tp and common['checkpoint_version'] == 3.0
         model.load_state_dict(state, strict=True)
         logits[name] = megatron_logits(model, cfg.vocab_size, tp)
+    for name, (cfg, tp) in TE.items():                  # the local spec's model: what it asks for, what else is there
+        if tp != world: continue
+        model = megatron_model(cfg, megatron_vocab(cfg, tp), tp)
+        state, ckpt_only, model_only = dist_checkpointing.load(model.sharded_state_dict(), str(Path(out) / name /
+                                                               'release'), strict=StrictHandling.RETURN_ALL)
+        logits[f'{name} ckpt_only'], logits[f'{name} model_only'] = sorted(ckpt_only), sorted(model_only)
+        extra = [v for k, v in state.items() if k.endswith('._extra_state')]
+        logits[f'{name} extra_state'] = [(str(v.dtype), v.numel()) if torch.is_tensor(v) else repr(v) for v in extra]
+        for k in [k for k in state if k.endswith('._extra_state')]: state[k] = None   # the local spec's own value
+        for k in ('args', 'checkpoint_version', 'iteration'): state.pop(k)
+        model.load_state_dict(state, strict=True)
+        logits[name] = megatron_logits(model, cfg.vocab_size, tp)
     for name, (cfg, tp) in SAVES.items():
         if tp != world: continue
         model = megatron_model(cfg, megatron_vocab(cfg, tp), tp)
@@ -150,6 +167,11 @@ def converted(tmp_path_factory):
         model.save_pretrained(out / f'{name}_hf')
         with torch.no_grad(): theirs[name] = model(tokens(cfg.vocab_size)).logits
         convert(out / f'{name}_hf', 'megatron', out / name, tp=tp)
+    for name, (cfg, tp) in TE.items():
+        model = hf_model(cfg, seed=1)
+        model.save_pretrained(out / f'{name}_hf')
+        with torch.no_grad(): theirs[name] = model(tokens(cfg.vocab_size)).logits
+        convert(out / f'{name}_hf', 'megatron', out / name, tp=tp, transformer_impl='transformer_engine')
     for name in SAVES: (out / name / 'checkpoints' / 'iter_0000010').mkdir(parents=True)
     return out, theirs, spawn(1, out) | spawn(2, out)
 
@@ -195,3 +217,32 @@ def test_a_wrong_head_count_beside_the_save_is_refused_in_one_line(converted, tm
     line = p.stderr.strip()
     assert '\n' not in line and 'n_heads: 4 vs 8' in line, line
     assert not (tmp_path / 'hf').exists() and [q.name for q in tmp_path.iterdir()] == ['job']
+
+
+@pytest.mark.parametrize('name', list(TE))
+def test_a_transformer_engine_save_holds_megatron_cores_keys_and_tes_extra_state(converted, name, tmp_path):
+    from safetensors.torch import load_file
+    from nxpretrain.convert.convert import convert
+    from nxpretrain.engines.megatron.args import megatron_facts
+    from nxpretrain.engines.megatron.args import read_common
+    out, theirs, megatron = converted
+    cfg, _ = TE[name]
+    te = megatron_facts()['transformer_engine']
+    assert megatron[f'{name} model_only'] == []                                # every key megatron-core asks for
+    assert megatron[f'{name} ckpt_only'] == [f'{m}._extra_state' for m in te['model_extra_state']]
+    assert megatron[f'{name} extra_state'] == [('torch.uint8', 0)] * 4 * cfg.n_layers   # TE's, with no FP8
+    torch.testing.assert_close(megatron[name][..., :cfg.vocab_size], theirs[name], atol=1e-5, rtol=0)
+    assert read_common(out / name / 'release' / 'common.pt')['args'].transformer_impl == 'transformer_engine'
+    convert(out / name, 'hf', tmp_path / 'hf')                                  # a TE-spec save read into HF
+    a, b = load_file(out / f'{name}_hf' / 'model.safetensors'), load_file(tmp_path / 'hf' / 'model.safetensors')
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_megatron_core_cannot_build_the_te_spec_without_transformer_engine():
+    "What stops reading the TE key set from megatron-core's own spec on this CPU, as format.yaml records it."
+    import importlib.util
+    from nxpretrain.engines.megatron.args import megatron_facts
+    if importlib.util.find_spec('transformer_engine') is not None: pytest.skip('transformer_engine is installed')
+    from megatron.core.models.gpt import gpt_layer_specs
+    with pytest.raises(NameError) as e: gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+    assert megatron_facts()['transformer_engine']['without_te'].startswith(f"NameError: {e.value}")
