@@ -265,3 +265,25 @@ def test_native_init_from_a_wrong_shape_is_one_line_before_anything_runs(tmp_pat
     assert p.returncode == 2, p.stderr[-2000:]
     assert '\n' not in p.stderr.strip() and 'ffn: 40 vs 48' in p.stderr, p.stderr
     assert not (tmp_path / 'runs' / 'llama3_tiny').exists()
+
+
+def test_import_hf_and_export_hf_are_converts_two_hf_cases(tmp_path):
+    """`import-hf` and `export-hf` are `convert`'s HF cases: their help says so, the round trip is bit-identical, the
+    model is read from the checkpoint, and an export that fails (its folder exists) is one line and writes nothing."""
+    from nxpretrain.cli import _parser
+    hf = hf_folder(LLAMA, tmp_path / 'hf')
+    help_text = _parser().format_help()
+    assert 'convert --to hf: write a checkpoint' in help_text and 'convert --to native: turn a Hugging' in help_text
+    env = {**os.environ, 'PYTHONPATH': str(ROOT)}
+    def cli(*argv):
+        return subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main({list(argv)!r})"],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    p = cli('import-hf', str(hf), str(tmp_path / 'native'))
+    assert p.returncode == 0 and p.stdout.strip().endswith(str(tmp_path / 'native' / 'step_0')), p.stderr[-2000:]
+    assert read_model(tmp_path / 'native').cfg.kv_heads == 2
+    p = cli('export-hf', str(tmp_path / 'native' / 'step_0'), str(tmp_path / 'back'))
+    assert p.returncode == 0, p.stderr[-2000:]
+    same_hf(hf, tmp_path / 'back')
+    p = cli('export-hf', str(tmp_path / 'native' / 'step_0'), str(tmp_path / 'back'))
+    assert p.returncode == 2 and '\n' not in p.stderr.strip() and 'exists' in p.stderr, p.stderr
+    assert sorted(q.name for q in tmp_path.iterdir()) == ['back', 'hf', 'native']
