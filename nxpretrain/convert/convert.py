@@ -71,12 +71,14 @@ def write_hf(src: ModelSource, out, dtype=None, data_root=None, max_shard_gb: fl
 
 def tokenizer_root(src: ModelSource, data_root=None) -> Path:
     """Where the run's tokenizer files are: `data_root` when given, else $NXPRETRAIN_DATA, else the `data` folder
-    beside the run's recipe (`OUT/data` of a job in OUT) – never the current directory."""
+    beside the run's recipe (`OUT/data` of a job in OUT), or the `runs/data` of the project holding the run (where a
+    run trained here keeps it) – never the current directory."""
     if data_root: return Path(data_root)
     if os.environ.get('NXPRETRAIN_DATA'): return Path(os.environ['NXPRETRAIN_DATA'])
     where = Path(src.where).resolve()
     for folder in [where, *where.parents][:5]:
-        if (folder / 'data').is_dir(): return folder / 'data'
+        for data in (folder / 'data', folder / 'runs' / 'data'):
+            if data.is_dir(): return data
     raise CheckpointError(f"{src.where}: no data folder beside the run for its tokenizer "
                           f"({src.recipe.data.tokenizer!r}); pass --data-dir")
 
