@@ -270,8 +270,9 @@ def test_evaluate_and_export_hf_take_a_megatron_checkpoint(jobs, tmp_path, name)
     gpt2 = tmp_path / 'runs' / 'data' / 'gpt2'        # the GPT-2 files the job read (--vocab-file, --merge-file)
     gpt2.mkdir(parents=True)
     train_bpe(demo_documents()[:200], 300).tok.model.save(str(gpt2))
-    p = subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main(['export-hf', {str(save)!r}, "
-                        f"{str(hf)!r}])"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    argv = ['export-hf', str(save), str(hf), '--data-dir', str(gpt2.parent)]   # the job's data root, not the cwd's
+    p = subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main({argv!r})"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env={**os.environ, 'PYTHONPATH': str(root)})
     assert p.returncode == 0, p.stderr[-2000:]
     with torch.no_grad(): theirs = GPT2LMHeadModel.from_pretrained(hf).eval()(tokens(r.model.vocab_size)).logits
