@@ -243,7 +243,7 @@ STAGE_PARAMS = {
         'overrides': 'trainer.log_every=5 trainer.eval_every=15 trainer.save_every=30',
     },
     '05_monitor.ipynb': {'model': 'gpt3_tiny'},
-    '06_evaluate.ipynb': {'model': 'gpt3_tiny'},
+    '06_evaluate.ipynb': {'model': 'gpt3_tiny', 'export_hf': 'runs/hf/gpt3_tiny'},
 }
 
 # A second run of a stage, shown at the end of its page: {notebook: (heading, what it shows, parameters)}.
