@@ -3,13 +3,36 @@
 The suite keeps out of the user's own records: it runs with an `NXPRETRAIN_HOME` of its own (the per-user job index
 `jobs.jsonl` and what else nxpretrain keeps there), set before any test and inherited by every process a test starts,
 and the session ends with an error if a record of one of its jobs (a path under its temporary folder) reached the
-user's real `~/.cache/nxpretrain/jobs.jsonl`. (The user may submit jobs meanwhile: only the suite's records count.)"""
+user's real `~/.cache/nxpretrain/jobs.jsonl`. (The user may submit jobs meanwhile: only the suite's records count.)
+
+The gate runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`): a test file is one unit of work (its
+module fixtures are built once), the files that start a local Slurm share one worker (their clusters share names,
+ports and network namespaces) and so do the files that drive Chromium (two labs and two browsers at once would crowd a
+small machine's memory and the tests' progress deadlines)."""
 import os
 from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_RECORDS = Path.home() / '.cache' / 'nxpretrain' / 'jobs.jsonl'
+
+
+# What a file's source holds that puts it in a shared worker (see above)
+SHARED_WORKERS = {'slurm': ('LocalSlurm', 'start_cluster.sh'), 'browser': ('why_no_browser',)}
+
+
+def worker_group(path: Path) -> str:
+    "The xdist group of test file `path`: the shared worker its source asks for, else the file itself."
+    text = path.read_text()
+    return next((g for g, marks in SHARED_WORKERS.items() if any(m in text for m in marks)), path.stem)
+
+
+def pytest_collection_modifyitems(config, items):
+    groups = {}
+    for item in items:
+        path = Path(str(item.fspath))
+        if path not in groups: groups[path] = worker_group(path)
+        item.add_marker(pytest.mark.xdist_group(groups[path]))
 
 
 def records(f: Path) -> list[str]:

@@ -6,7 +6,8 @@
 #   bash tools/ci_gate.sh clean sync      # some steps: clean sync lint readme nbtest pytest
 #
 # Every step runs even after one fails, so one run names every problem; the exit status is non-zero if any failed.
-# Environment: NXP_TEST_WORKERS (nbdev-test workers, default 2), NXP_TEST_FLAGS (e.g. "slow"), NXP_PYTEST_ARGS.
+# Environment: NXP_TEST_WORKERS (nbdev-test workers, default 2), NXP_TEST_FLAGS (e.g. "slow"), NXP_PYTEST_WORKERS
+# (pytest-xdist workers, default 2; 0 runs pytest in one process), NXP_PYTEST_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -84,8 +85,11 @@ step_nbtest() {
 step_pytest() {
   local rc
   # shellcheck disable=SC2086
-  # --durations: the slowest tests, so the gate's time can be read from its own log
-  python3 -m pytest -q --durations=25 tests ${NXP_PYTEST_ARGS:-}; rc=$?
+  # --durations: the slowest tests, so the gate's time can be read from its own log. Two xdist workers, a test file (or
+  # the files sharing a local Slurm, or Chromium) to each in turn: tests/conftest.py names the groups.
+  local workers=(-n "${NXP_PYTEST_WORKERS:-2}" --dist loadgroup)
+  [ "${NXP_PYTEST_WORKERS:-2}" = 0 ] && workers=()
+  python3 -m pytest -q --durations=40 "${workers[@]}" tests ${NXP_PYTEST_ARGS:-}; rc=$?
   if [ $rc -eq 5 ]; then say "pytest: no tests collected under tests/ (not a failure: nbdev-test ran the notebooks)"; return 0; fi
   [ $rc -ne 0 ] && say "FAIL: pytest exited $rc – the failing tests are listed above"
   return $rc
