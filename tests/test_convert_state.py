@@ -21,15 +21,18 @@ ROOT = Path(__file__).resolve().parents[1]
 N, M = 3, 3                       # steps before the conversion, steps after it
 STEPS, BATCH, MICRO, SEQ = N + M, 4, 2, 16
 RECIPE = ['model.n_layers=2', 'model.hidden=64', 'model.n_heads=4', 'model.vocab_size=100', 'model.seq_len=16',
-          'model.make_vocab_size_divisible_by=64', 'model.max_position=null', 'model.ffn_hidden=null',
-          'data.micro_batch=2', 'data.global_batch=4', 'trainer.threads=1', 'trainer.eval_every=0',
-          'trainer.log_every=1', f'trainer.save_every={N}', 'parallel.precision=fp32', 'optim.warmup_steps=0',
-          'optim.lr=3e-3', 'optim.min_lr=3e-4', f'trainer.max_steps={STEPS}']
+          'model.make_vocab_size_divisible_by=64', 'data.micro_batch=2', 'data.global_batch=4', 'trainer.threads=1',
+          'trainer.eval_every=0', 'trainer.log_every=1', f'trainer.save_every={N}', 'parallel.precision=fp32',
+          'optim.warmup_steps=0', 'optim.lr=3e-3', 'optim.min_lr=3e-4', f'trainer.max_steps={STEPS}']
+# case → (recipe, its overrides, Megatron-LM's TP): our run is TP 1; megatron-core goes on at this TP, and back
+CASES = {'gpt_tp1': ('gpt3_tiny', ['model.max_position=null', 'model.ffn_hidden=null'], 1),
+         'llama_gqa_tp2': ('llama3_tiny', ['model.n_kv_heads=2', 'model.ffn_hidden=96'], 2)}
 
 
-def recipe(corpus: Path):
+def recipe(case: str, corpus: Path):
     from nxpretrain.recipes import get_recipe
-    return get_recipe('gpt3_tiny', f'data.corpus={corpus}', 'data.tokenizer=demo', *RECIPE)
+    name, overrides, _ = CASES[case]
+    return get_recipe(name, f'data.corpus={corpus}', 'data.tokenizer=demo', *RECIPE, *overrides)
 
 
 def cli(*argv):
@@ -38,7 +41,7 @@ def cli(*argv):
                           env={**os.environ, 'PYTHONPATH': str(ROOT)})
 
 
-def megatron_setup(r, load: Path, optimizer_state: bool):
+def megatron_setup(r, load: Path, optimizer_state: bool, tp: int):
     """megatron-core's GPTModel of `r`, its DDP wrapper, optimizer and scheduler (made from the save's args as
     Megatron-LM's `get_megatron_optimizer` / `get_optimizer_param_scheduler` make them), loaded from the save `load`
     as `load_checkpoint` loads it; `optimizer_state=False`: the weights only, Adam afresh."""
@@ -50,7 +53,7 @@ def megatron_setup(r, load: Path, optimizer_state: bool):
     from megatron.core.optimizer import get_megatron_optimizer, OptimizerConfig
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
     from nxpretrain.engines.megatron.format import megatron_vocab
-    model = megatron_model(r.model, megatron_vocab(r.model, 1), 1).train()
+    model = megatron_model(r.model, megatron_vocab(r.model, tp), tp).train()
     ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
     args = torch.load(load / 'common.pt', weights_only=False)['args']      # Megatron-LM reads it so
     config = OptimizerConfig(optimizer='adam', lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
@@ -104,64 +107,80 @@ def megatron_steps(ddp, optimizer, scheduler, dataset, consumed: int, steps: int
 
 def megatron_save(model, optimizer, scheduler, args, iteration: int, folder: Path):
     "What Megatron-LM's `save_checkpoint` writes (generate_state_dict, checkpointing.py:649-700; no RNG): iter_N."
+    import torch.distributed as dist
     from megatron.core import dist_checkpointing
     d = folder / f'iter_{iteration:07d}'
-    d.mkdir(parents=True)
+    if dist.get_rank() == 0: d.mkdir(parents=True)
+    dist.barrier()
     state = dict(args=args, checkpoint_version=3.0, iteration=iteration, model=model.sharded_state_dict())
     state['optimizer'] = optimizer.sharded_state_dict(state)
     state['opt_param_scheduler'] = scheduler.state_dict()
     dist_checkpointing.save(state, str(d))
-    (folder / 'latest_checkpointed_iteration.txt').write_text(str(iteration))
+    if dist.get_rank() == 0: (folder / 'latest_checkpointed_iteration.txt').write_text(str(iteration))
 
 
-def continue_in_megatron(out: str):
-    "One gloo rank: load the converted save, check what was loaded, train M steps, save after the first; a control."
+def moment_sums(optimizer) -> dict:
+    "Each Adam moment's sum of absolute values over the whole model (TP shards summed, replicated tensors once)."
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    first = parallel_state.get_tensor_model_parallel_rank() == 0
+    sums = torch.zeros(2, dtype=torch.float64)
+    for o in optimizer.chained_optimizers:
+        for p, s in o.optimizer.state.items():
+            if getattr(p, 'tensor_model_parallel', False) or first:
+                sums += torch.stack([s[m].double().abs().sum() for m in ('exp_avg', 'exp_avg_sq')])
+    dist.all_reduce(sums)
+    return dict(zip(('exp_avg', 'exp_avg_sq'), sums.tolist()))
+
+
+def continue_in_megatron(out: str, case: str):
+    "A gloo rank: load the converted save, check what was loaded, train M steps, save after the first; a control."
+    import torch.distributed as dist
     sys.path.insert(0, str(ROOT / 'bench'))
     sys.path.insert(0, str(ROOT / 'tests'))
     import mcore_gpt
     from test_data_megatron import _megatron_gpt
-    out = Path(out)
-    r = recipe(out / 'data' / 'corpus')
+    out, tp, rank = Path(out), CASES[case][2], dist.get_rank()
+    r = recipe(case, out.parent / 'data' / 'corpus')
     mcore_gpt.cpu_save_shims()
-    mcore_gpt.init_megatron('cpu', 1)
-    dataset = _megatron_gpt(out / 'data' / 'corpus', SEQ, r.data.split, r.trainer.seed, (STEPS * BATCH, None, None),
-                            out / 'mcache')[0]
+    mcore_gpt.init_megatron('cpu', tp)
+    dataset = _megatron_gpt(out.parent / 'data' / 'corpus', SEQ, r.data.split, r.trainer.seed,
+                            (STEPS * BATCH, None, None), out / 'mcache')[0]        # rank 0 builds it
     res = {}
     with mcore_gpt.cuda_on_cpu():
-        model, ddp, optimizer, scheduler, state = megatron_setup(r, out / 'megatron' / f'iter_{N:07d}', True)
+        model, ddp, optimizer, scheduler, state = megatron_setup(r, out / 'megatron' / f'iter_{N:07d}', True, tp)
         args = state['args']
         adam = [s for o in optimizer.chained_optimizers for s in o.optimizer.state.values()]   # torch AdamW's
         res['loaded'] = dict(iteration=state['iteration'], consumed=args.consumed_train_samples,
                              num_steps=scheduler.num_steps, lr=optimizer.param_groups[0]['lr'],
-                             steps=sorted({float(s['step']) for s in adam}),
-                             exp_avg_sq=sum(float(s['exp_avg_sq'].double().sum()) for s in adam),
-                             exp_avg=sum(float(s['exp_avg'].double().abs().sum()) for s in adam))
+                             steps=sorted({float(s['step']) for s in adam}), **moment_sums(optimizer))
         def save_first(k, consumed):
             if k != 1: return
             args.consumed_train_samples = consumed
             megatron_save(model, optimizer, scheduler, args, N + 1, out / 'megatron_run')
         res['losses'], res['lrs'] = megatron_steps(ddp, optimizer, scheduler, dataset, args.consumed_train_samples,
                                                    M, save_first)
-        _, ddp, optimizer, scheduler, state = megatron_setup(r, out / 'megatron' / f'iter_{N:07d}', False)
+        _, ddp, optimizer, scheduler, state = megatron_setup(r, out / 'megatron' / f'iter_{N:07d}', False, tp)
         res['fresh_losses'], _ = megatron_steps(ddp, optimizer, scheduler, dataset, N * BATCH, M)
-    torch.save(res, out / 'megatron.pt')
+    if rank == 0: torch.save(res, out / 'megatron.pt')
 
 
-def worker(rank: int, port: int, out: str):
+def worker(rank: int, world: int, port: int, out: str, case: str):
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    torch.distributed.init_process_group('gloo', rank=rank, world_size=1, timeout=datetime.timedelta(seconds=120))
-    try: continue_in_megatron(out)
+    torch.distributed.init_process_group('gloo', rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    try: continue_in_megatron(out, case)
     finally: torch.distributed.destroy_process_group()
 
 
-def spawn(out: Path, timeout: float = 240) -> dict:
-    "What `continue_in_megatron` found, from a fresh process (megatron-core keeps global state)."
+def spawn(out: Path, case: str, timeout: float = 240) -> dict:
+    "What `continue_in_megatron` found, from fresh processes (megatron-core keeps global state), one per TP rank."
     from nxpretrain.testing.spawn import free_port
     ctx = torch.multiprocessing.get_context('forkserver')
     ctx.set_forkserver_preload(['torch', 'megatron.core.models.gpt.gpt_model', worker.__module__])
-    ranks = torch.multiprocessing.start_processes(worker, (free_port(), str(out)), nprocs=1, join=False,
-                                                  start_method='forkserver')
+    world = CASES[case][2]
+    ranks = torch.multiprocessing.start_processes(worker, (world, free_port(), str(out), case), nprocs=world,
+                                                  join=False, start_method='forkserver')
     deadline = time.monotonic() + timeout
     while not ranks.join(timeout=1):
         if time.monotonic() > deadline:
@@ -178,36 +197,42 @@ def write_corpus(prefix: Path):
         w.add_documents(rng.randint(0, 100, size=int(lengths.sum())), lengths)
 
 
-def steps_of(run: Path) -> dict:
-    return {s['step']: s for s in map(json.loads, (run / 'gpt3_tiny' / 'steps.jsonl').read_text().splitlines())}
+def steps_of(run: Path, name: str) -> dict:
+    return {s['step']: s for s in map(json.loads, (run / name / 'steps.jsonl').read_text().splitlines())}
 
 
 def relative(a: float, b: float) -> float: return abs(a - b) / abs(b)
 
 
 @pytest.fixture(scope='module')
-def runs(tmp_path_factory):
-    "(folder, the uninterrupted run's steps, megatron-core's findings, our resumed run's steps)."
+def corpus(tmp_path_factory) -> Path:
+    prefix = tmp_path_factory.mktemp('convert_state') / 'data' / 'corpus'
+    write_corpus(prefix)
+    return prefix
+
+
+@pytest.fixture(scope='module', params=list(CASES))
+def runs(request, corpus):
+    "(folder, our checkpoint at step N, the uninterrupted run's steps, megatron-core's findings, our resumed steps)."
     from nxpretrain.train.trainer import train
-    out = tmp_path_factory.mktemp('convert_state')
-    write_corpus(out / 'data' / 'corpus')
-    r = recipe(out / 'data' / 'corpus')
+    case, out = request.param, corpus.parent.parent / request.param
+    r = recipe(case, corpus)
     train(r, str(out / 'ref'), STEPS, progress=False)
-    ref = steps_of(out / 'ref')
-    ours = out / 'ref' / 'gpt3_tiny' / 'checkpoints' / f'step_{N}'
-    p = cli('convert', ours, '--to', 'megatron', '--out', out / 'megatron')
+    ref = steps_of(out / 'ref', r.name)
+    ours = out / 'ref' / r.name / 'checkpoints' / f'step_{N}'
+    p = cli('convert', ours, '--to', 'megatron', '--out', out / 'megatron', '--tp', CASES[case][2])
     assert p.returncode == 0, p.stderr[-3000:]
-    megatron = spawn(out)
+    megatron = spawn(out, case)
     p = cli('convert', out / 'megatron_run', '--to', 'native', '--out', out / 'back')
     assert p.returncode == 0, p.stderr[-3000:]
     train(r, str(out / 'resumed'), STEPS, resume_from=str(out / 'back' / f'step_{N + 1}'), progress=False)
-    return out, ref, megatron, steps_of(out / 'resumed')
+    return out, ours, ref, megatron, steps_of(out / 'resumed', r.name)
 
 
 def test_megatron_core_loads_the_whole_state_strictly_with_our_values(runs):
-    out, ref, megatron, _ = runs
+    out, checkpoint, ref, megatron, _ = runs
     from nxpretrain.convert.state import read_native_state, MOMENTS
-    ours = read_native_state(out / 'ref' / 'gpt3_tiny' / 'checkpoints' / f'step_{N}')
+    ours = read_native_state(checkpoint)
     loaded = megatron['loaded']
     assert (out / 'megatron' / 'latest_checkpointed_iteration.txt').read_text() == str(N)
     assert (loaded['iteration'], loaded['consumed'], loaded['num_steps']) == (N, N * BATCH, N * BATCH)
@@ -221,7 +246,7 @@ def test_megatron_core_loads_the_whole_state_strictly_with_our_values(runs):
 
 def test_megatron_core_goes_on_with_the_uninterrupted_loss_curve(runs):
     from nxpretrain.testing.layouts import TOLERANCE
-    _, ref, megatron, _ = runs
+    _, _, ref, megatron, _ = runs
     errors = [relative(a, ref[N + 1 + k]['loss']) for k, a in enumerate(megatron['losses'])]
     assert max(errors) < TOLERANCE['loss_err'], (errors, megatron['losses'], ref)
     assert megatron['lrs'] == pytest.approx([ref[N + 1 + k]['lr'] for k in range(M)], rel=1e-12)
@@ -232,7 +257,7 @@ def test_megatron_core_goes_on_with_the_uninterrupted_loss_curve(runs):
 
 def test_our_engine_resumes_megatron_cores_save_with_the_uninterrupted_loss_curve(runs):
     from nxpretrain.testing.layouts import TOLERANCE
-    out, ref, _, resumed = runs
+    out, _, ref, _, resumed = runs
     state = json.loads((out / 'back' / f'step_{N + 1}' / 'trainer_state.json').read_text())
     assert (state['step'], state['consumed_samples']) == (N + 1, (N + 1) * BATCH)
     assert sorted(resumed) == list(range(N + 2, STEPS + 1)), sorted(resumed)
@@ -246,7 +271,7 @@ def test_a_schedule_megatron_lm_has_not_is_refused_in_one_line(runs, tmp_path):
     from nxpretrain.convert.state import read_native_state, write_megatron_state
     from nxpretrain.errors import RecipeError
     from nxpretrain.train.model_source import atomic_folder
-    state = read_native_state(runs[0] / 'ref' / 'gpt3_tiny' / 'checkpoints' / f'step_{N}')
+    state = read_native_state(runs[1])
     r = state.recipe
     warm = state._replace(recipe=dataclasses.replace(r, optim=dataclasses.replace(r.optim, warmup_steps=2)))
     with pytest.raises(RecipeError, match='^optim.warmup_steps=2 with optim.decay=cosine: .*decay=constant$'):
