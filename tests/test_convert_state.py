@@ -151,7 +151,10 @@ def continue_in_megatron(out: str, case: str):
         model, ddp, optimizer, scheduler, state = megatron_setup(r, out / 'megatron' / f'iter_{N:07d}', True, tp)
         args = state['args']
         adam = [s for o in optimizer.chained_optimizers for s in o.optimizer.state.values()]   # torch AdamW's
-        res['loaded'] = dict(iteration=state['iteration'], consumed=args.consumed_train_samples,
+        from megatron.core import parallel_state
+        res['loaded'] = dict(tp=parallel_state.get_tensor_model_parallel_world_size(),
+                             qkv=tuple(model.decoder.layers[0].self_attention.linear_qkv.weight.shape),
+                             iteration=state['iteration'], consumed=args.consumed_train_samples,
                              num_steps=scheduler.num_steps, lr=optimizer.param_groups[0]['lr'],
                              steps=sorted({float(s['step']) for s in adam}), **moment_sums(optimizer))
         def save_first(k, consumed):
@@ -234,6 +237,8 @@ def test_megatron_core_loads_the_whole_state_strictly_with_our_values(runs):
     from nxpretrain.convert.state import read_native_state, MOMENTS
     ours = read_native_state(checkpoint)
     loaded = megatron['loaded']
+    cfg, tp = ours.model.cfg, CASES[out.name][2]
+    assert loaded['tp'] == tp and loaded['qkv'] == ((cfg.n_heads + 2 * cfg.kv_heads) * cfg.head_dim // tp, cfg.hidden)
     assert (out / 'megatron' / 'latest_checkpointed_iteration.txt').read_text() == str(N)
     assert (loaded['iteration'], loaded['consumed'], loaded['num_steps']) == (N, N * BATCH, N * BATCH)
     assert loaded['steps'] == [float(N)]
