@@ -234,7 +234,7 @@ def runs(request, corpus):
 
 def test_megatron_core_loads_the_whole_state_strictly_with_our_values(runs):
     out, checkpoint, ref, megatron, _ = runs
-    from nxpretrain.convert.state import read_native_state, MOMENTS
+    from nxpretrain.engines.megatron.training_state import read_native_state, MOMENTS
     ours = read_native_state(checkpoint)
     loaded = megatron['loaded']
     cfg, tp = ours.model.cfg, CASES[out.name][2]
@@ -273,7 +273,7 @@ def test_our_engine_resumes_megatron_cores_save_with_the_uninterrupted_loss_curv
 def test_a_schedule_megatron_lm_has_not_is_refused_in_one_line(runs, tmp_path):
     "A warmup then a cosine decay (ours decays one step earlier than Megatron-LM's scheduler): refused, nothing left."
     import dataclasses
-    from nxpretrain.convert.state import read_native_state, write_megatron_state
+    from nxpretrain.engines.megatron.training_state import read_native_state, write_megatron_state
     from nxpretrain.errors import RecipeError
     from nxpretrain.train.model_source import atomic_folder
     state = read_native_state(runs[1])

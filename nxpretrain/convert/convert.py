@@ -86,11 +86,11 @@ def convert(src, to: str, out, tp: int = 1, pp: int = 1, recipe: Recipe | None =
     """Convert the checkpoint or HF folder `src` into format `to` (one of `formats()`) in the new folder `out`; the
     engine's `write_checkpoint` takes `dtype` and the `options` it knows (NxD's layout). An nxpretrain checkpoint
     with its optimizer into Megatron-LM, or a Megatron-LM `iter_N` save into nxpretrain, carries the whole training
-    state in fp32 (`convert.state`) unless `weights_only`."""
+    state in fp32 (`engines.megatron.training_state`) unless `weights_only`."""
     if to not in formats(): raise RecipeError(f"--to {to}: choose one of {', '.join(formats())}")
     check_new_folder(out)
     if not weights_only:
-        from nxpretrain.convert.state import STATE_PAIRS, holds_state, convert_state
+        from nxpretrain.engines.megatron.training_state import STATE_PAIRS, holds_state, convert_state
         fmt = source_format(src)
         if (fmt, to) in STATE_PAIRS and holds_state(src, fmt): return convert_state(src, fmt, to, out, tp, pp, recipe)
     model = read_model(src, recipe)
