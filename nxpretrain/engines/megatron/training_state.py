@@ -30,35 +30,44 @@ def state_facts() -> dict:
     return yaml.safe_load((Path(str(files('nxpretrain'))) / 'engines' / 'megatron' / 'state.yaml').read_text())
 
 # %% ../../../nbs/api/48m_training_state.ipynb #b6cc2b3e
-def megatron_schedule(optim: OptimConfig, max_steps: int, global_batch: int) -> dict:
-    """Megatron-LM's `OptimizerParamScheduler` settings equal to our schedule `optim` (its state-dict keys, samples
-    as its unit, plus `init_lr`), or one line naming the setting that has no equivalent."""
-    o, W = optim, optim.warmup_steps
+def megatron_schedule(optim: OptimConfig, max_steps: int, global_batch: int, step: int) -> dict:
+    """Megatron-LM's `OptimizerParamScheduler` settings (its state-dict keys, samples as its unit, plus `init_lr`)
+    whose rates equal our schedule `optim`'s from step `step` on, or one line naming what has no equivalent."""
+    o, W, B = optim, optim.warmup_steps, global_batch
     if o.name != 'adamw':
         raise RecipeError(f"optim.name={o.name}: Megatron-LM's state holds Adam's; convert adamw runs")
-    if W and o.decay != 'constant':
-        raise RecipeError(f"optim.warmup_steps={W} with optim.decay={o.decay}: Megatron-LM's scheduler starts that "
-                          "decay one step later than ours; use warmup_steps=0 or decay=constant")
-    decay = o.decay_steps or max_steps
+    if o.decay != 'constant' and W >= 2 and step < W:
+        raise RecipeError(f"step {step} is inside the warmup (optim.warmup_steps={W}, optim.decay={o.decay}), where "
+                          "Megatron-LM's warmup rises along another line: convert a checkpoint from step "
+                          f"{W} on, or the weights alone (--weights-only)")
+    warmup = max(W - 1, 0) if o.decay == 'constant' else W
     return dict(max_lr=o.lr, min_lr=o.min_lr if o.decay != 'constant' else min(o.min_lr, o.lr),
-                init_lr=o.lr / W if W else 0.0, lr_warmup_steps=max(W - 1, 0) * global_batch,
-                lr_decay_steps=decay * global_batch, lr_decay_style=o.decay, start_wd=o.weight_decay,
-                end_wd=o.weight_decay, wd_incr_style='constant', wd_incr_steps=max_steps * global_batch)
+                init_lr=o.lr / W if W else 0.0, lr_warmup_steps=warmup * B,
+                lr_decay_steps=(o.decay_steps or max_steps) * B, lr_decay_style=o.decay, start_wd=o.weight_decay,
+                end_wd=o.weight_decay, wd_incr_style='constant', wd_incr_steps=max_steps * B)
 
-def our_schedule(sched: dict, init_lr: float, global_batch: int, optim: OptimConfig) -> OptimConfig:
-    "`optim` with the schedule of Megatron-LM's scheduler state `sched` (samples as its unit), or one line refusing it."
+def our_schedule(sched: dict, init_lr: float, global_batch: int, optim: OptimConfig, step: int) -> OptimConfig:
+    """`optim` with the schedule of Megatron-LM's scheduler state `sched` (samples as its unit) from iteration `step`
+    on, or one line refusing it."""
     s, B = sched, global_batch
     if s['lr_decay_style'] not in ('cosine', 'linear', 'constant') or s['start_wd'] != s['end_wd']:
         raise RecipeError(f"opt_param_scheduler: lr_decay_style={s['lr_decay_style']!r}, weight decay "
                           f"{s['start_wd']}→{s['end_wd']}: nxpretrain's schedules are cosine, linear or constant at "
                           "one weight decay")
+    if s['lr_warmup_steps'] % B or s['lr_decay_steps'] % B:
+        raise RecipeError(f"opt_param_scheduler: warmup {s['lr_warmup_steps']} and decay {s['lr_decay_steps']} "
+                          f"samples are not whole iterations of {B}; nxpretrain's schedule counts steps")
     warmup = s['lr_warmup_steps'] // B
-    if warmup and (s['lr_decay_style'] != 'constant' or not math.isclose(init_lr, s['max_lr'] / (warmup + 1))):
-        raise RecipeError(f"opt_param_scheduler: a warmup of {warmup} iterations from {init_lr} then "
-                          f"{s['lr_decay_style']}: nxpretrain's warmup starts at lr/W and decays right after it")
+    if s['lr_decay_style'] == 'constant':        # ours: W = Megatron's warmup + 1 from lr/W, if it had one
+        W = warmup + 1 if warmup or init_lr else 0
+        exact = not W or math.isclose(init_lr, s['max_lr'] / W)
+    else: W, exact = warmup, step >= warmup or (warmup == 1 and math.isclose(init_lr, s['max_lr']))
+    if not exact:
+        raise RecipeError(f"opt_param_scheduler: iteration {step} with a warmup of {warmup} iterations from {init_lr} "
+                          f"then {s['lr_decay_style']}: nxpretrain's warmup (lr/W to lr) differs there; convert a "
+                          "save from after the warmup, or the weights alone (--weights-only)")
     return dataclasses.replace(optim, lr=s['max_lr'], min_lr=s['min_lr'], weight_decay=s['start_wd'],
-                               warmup_steps=warmup + 1 if warmup or init_lr else 0, decay=s['lr_decay_style'],
-                               decay_steps=s['lr_decay_steps'] // B)
+                               warmup_steps=W, decay=s['lr_decay_style'], decay_steps=s['lr_decay_steps'] // B)
 
 # %% ../../../nbs/api/48m_training_state.ipynb #05e1ec10
 class TrainingState(NamedTuple):
@@ -182,34 +191,36 @@ def read_megatron_state(path, recipe: Recipe | None = None) -> TrainingState:
     names = list(model_names(cfg))
     take = megatron_state_take(d, metadata, cfg, names, weights, rows)
     moments = {m: megatron_state_take(d, metadata, cfg, names, f'optimizer.state.{m}.', rows) for m in MOMENTS}
-    r = megatron_recipe(args, common['opt_param_scheduler'], src.recipe or recipe, cfg, d.name)
+    r = megatron_recipe(args, common['opt_param_scheduler'], src.recipe or recipe, cfg, d.name, step)
     model = ModelSource(cfg, names, take, str(d), r, (tp, pp))
     return TrainingState(model, moments, step, int(getattr(args, 'consumed_train_samples', 0)), r)
 
-def megatron_recipe(args, sched: dict, recipe: Recipe | None, cfg: ModelConfig, name: str) -> Recipe:
-    "The recipe a Megatron-LM run's `args` and scheduler state describe (the model `cfg`; `recipe`'s other settings)."
+def megatron_recipe(args, sched: dict, recipe: Recipe | None, cfg: ModelConfig, name: str, step: int) -> Recipe:
+    """The recipe a Megatron-LM run's `args` and scheduler state describe from iteration `step` on (the model `cfg`;
+    `recipe`'s other settings)."""
     r = recipe or Recipe(name=name, model=cfg, data=DataConfig(corpus='synthetic'))
     B = args.global_batch_size
     optim = dataclasses.replace(r.optim, name='adamw', betas=[args.adam_beta1, args.adam_beta2], eps=args.adam_eps,
                                 clip_grad=args.clip_grad)
-    optim = our_schedule(sched, getattr(args, 'lr_warmup_init', 0.0), B, optim)
+    optim = our_schedule(sched, getattr(args, 'lr_warmup_init', 0.0), B, optim, step)
     data = dataclasses.replace(r.data, global_batch=B, micro_batch=args.micro_batch_size)
     trainer = dataclasses.replace(r.trainer, max_steps=getattr(args, 'train_iters', None) or r.trainer.max_steps)
     parallel = dataclasses.replace(r.parallel, precision='fp32')
     return dataclasses.replace(r, model=cfg, optim=optim, data=data, trainer=trainer, parallel=parallel)
 
 # %% ../../../nbs/api/48m_training_state.ipynb #e5c41817
-def megatron_state_args(state: TrainingState, tp: int, pp: int) -> argparse.Namespace:
-    "The Megatron-LM args of `state`'s run at (`tp`, `pp`): the model's (`format.megatron_args`) and the training's."
+def megatron_state_args(state: TrainingState, schedule: dict, tp: int, pp: int) -> argparse.Namespace:
+    """The Megatron-LM args of `state`'s run at (`tp`, `pp`): the model's (`format.megatron_args`) and the training's,
+    its schedule `megatron_schedule`'s."""
     from nxpretrain.engines.megatron.format import megatron_args
     r, o = state.recipe, state.recipe.optim
-    warmup = max(o.warmup_steps - 1, 0)
     kw = dict(vars(megatron_args(state.model.cfg, tp, pp)), iteration=state.step,
               consumed_train_samples=state.consumed_samples, skipped_train_samples=0, consumed_valid_samples=0,
               train_iters=r.trainer.max_steps, global_batch_size=r.data.global_batch,
-              micro_batch_size=r.data.micro_batch, lr=o.lr, min_lr=o.min_lr, lr_decay_style=o.decay,
-              lr_decay_iters=o.decay_steps or r.trainer.max_steps, lr_warmup_iters=warmup,
-              lr_warmup_init=o.lr / o.warmup_steps if o.warmup_steps else 0.0, weight_decay=o.weight_decay,
+              micro_batch_size=r.data.micro_batch, lr=o.lr, min_lr=schedule['min_lr'], lr_decay_style=o.decay,
+              lr_decay_iters=o.decay_steps or r.trainer.max_steps,
+              lr_warmup_iters=schedule['lr_warmup_steps'] // r.data.global_batch,
+              lr_warmup_init=schedule['init_lr'], weight_decay=o.weight_decay,
               start_weight_decay=o.weight_decay, end_weight_decay=o.weight_decay, weight_decay_incr_style='constant',
               clip_grad=o.clip_grad, adam_beta1=o.betas[0], adam_beta2=o.betas[1], adam_eps=o.eps,
               optimizer='adam', use_distributed_optimizer=False, no_save_optim=False, no_save_rng=True, fp16=False,
@@ -234,7 +245,7 @@ def write_megatron_state(state: TrainingState, out, tp: int = 1, pp: int = 1) ->
     from nxpretrain.train.checkpoint import quiet_dcp
     from nxpretrain.train.optim import lr_at
     cfg, r = state.model.cfg, state.recipe
-    schedule = megatron_schedule(r.optim, r.trainer.max_steps, r.data.global_batch)
+    schedule = megatron_schedule(r.optim, r.trainer.max_steps, r.data.global_batch, state.step)
     if cfg.n_layers % pp: raise RecipeError(f"--pp {pp} does not divide the model's {cfg.n_layers} layers")
     for what, n in (('heads', cfg.n_heads), ('query groups', cfg.kv_heads)):
         if n % tp: raise RecipeError(f"--tp {tp} does not divide the model's {n} {what}")
@@ -261,7 +272,7 @@ def write_megatron_state(state: TrainingState, out, tp: int = 1, pp: int = 1) ->
     sched = {k: v for k, v in schedule.items() if k != 'init_lr'} | dict(num_steps=state.consumed_samples)
     optimizer = dict(param_groups=megatron_param_groups(r.optim, lr),
                      state=dict(common_step=torch.tensor(float(state.step))))
-    common = dict(args=megatron_state_args(state, tp, pp), checkpoint_version=3.0, iteration=state.step,
+    common = dict(args=megatron_state_args(state, schedule, tp, pp), checkpoint_version=3.0, iteration=state.step,
                   optimizer=optimizer, opt_param_scheduler=sched, num_floating_point_operations_so_far=0)
     torch.save(common, d / 'common.pt')
     facts = megatron_facts()['save']['metadata_json']
