@@ -11,7 +11,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Callable, NamedTuple
 import yaml
-from ...config import OptimConfig, Recipe, DataConfig, from_yaml
+from ...config import OptimConfig, Recipe, DataConfig
 from ...errors import CheckpointError, RecipeError
 from ...models.args import ModelConfig, padded_vocab
 from ...train.model_source import ModelSource, model_names, check_model
