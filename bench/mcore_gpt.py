@@ -36,6 +36,27 @@ def cpu_save_shims():
     torch.cuda.current_device = lambda: 'cpu'
     if not filesystem_async.HAVE_PSUTIL: filesystem_async._process_memory = lambda: 0
 
+def cuda_on_cpu():
+    """A torch function mode under which megatron-core's DDP wrapper and optimizer run on a CPU (megatron-core 0.16.1):
+    a tensor made on 'cuda' is made on the CPU, `.cuda()` is the identity, and a CPU tensor's `.type()` names its CUDA
+    type. Without it these calls stop them: `_ParamAndGradBuffer.__init__` (distributed/param_and_grad_buffer.py:806,
+    `torch.cuda.current_device()`), `FP32Optimizer.__init__` (optimizer/optimizer.py:907, `torch.tensor(...,
+    device='cuda')`), both "AssertionError: Torch not compiled with CUDA enabled"; `clip_grad_by_total_norm_fp32`
+    (optimizer/clip_grads.py:167, `assert param.grad.type() == 'torch.cuda.FloatTensor'`); the distributed optimizer's
+    `_build_model_and_main_param_groups` (optimizer/distrib_optimizer.py:431, TypeError "Wrapped parameters must be
+    one of torch.cuda.FloatTensor, …"). Use with `cpu_save_shims` (its `torch.cuda.current_device`)."""
+    from torch.overrides import TorchFunctionMode
+    class CudaOnCpu(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if 'cuda' in str(kwargs.get('device', '')): kwargs['device'] = 'cpu'
+            if func is torch.Tensor.cuda: return args[0]
+            if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+                name = torch._C.TensorBase.type(args[0])
+                return name if '.cuda.' in name else name.replace('torch.', 'torch.cuda.', 1)
+            return func(*args, **kwargs)
+    return CudaOnCpu()
+
 def init_megatron(device: str, tp: int = 1):
     "megatron-core's model-parallel state in the world the caller has started (TP = `tp`, PP = 1)."
     from megatron.core import parallel_state, tensor_parallel

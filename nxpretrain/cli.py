@@ -199,7 +199,8 @@ def _convert(a):
     from nxpretrain.convert.convert import convert
     layout = dict(hw_backend=a.hw_backend, xser=not a.no_xser, kv_multiplier=a.kv_multiplier, fuse_qkv=a.fuse_qkv,
                   transformer_impl=a.transformer_impl)
-    print(convert(a.src, a.to, a.out, a.tp, a.pp, data_root=a.data_dir, **layout))   # each engine takes its own
+    print(convert(a.src, a.to, a.out, a.tp, a.pp, data_root=a.data_dir, weights_only=a.weights_only,
+                  **layout))   # each engine takes its own layout options
 
 def _import_hf(a):
     from nxpretrain.convert.convert import convert
@@ -288,6 +289,8 @@ def _checkpoint_commands(cmd):
     p.add_argument('--out', required=True, help='the new folder to write (written beside, renamed when complete)')
     p.add_argument('--tp', type=int, default=1, help='tensor-parallel size of the output (default 1)')
     p.add_argument('--pp', type=int, default=1, help='pipeline-parallel size of the output (default 1)')
+    p.add_argument('--weights-only', action='store_true', help='the model alone; by default nxpretrain ↔ megatron '
+                   'carries the whole training state (Adam moments, step, schedule, samples) when the source has it')
     p.add_argument('--data-dir', default=None, help="where the run's tokenizer files are (default: $NXPRETRAIN_DATA "
                                                     "or the data folder of the run)")
     p.add_argument('--hw-backend', default='trn1', choices=('trn1', 'trn2'), help="--to nxdt: whose Q-head order "

@@ -84,13 +84,18 @@ def tokenizer_root(src: ModelSource, data_root=None) -> Path:
 
 # %% ../../nbs/api/48d_convert.ipynb #8dedd097
 def convert(src, to: str, out, tp: int = 1, pp: int = 1, recipe: Recipe | None = None, dtype=None, data_root=None,
-            max_shard_gb: float = 5.0, src_format: str | None = None, **options) -> Path:
+            max_shard_gb: float = 5.0, src_format: str | None = None, weights_only: bool = False, **options) -> Path:
     """Convert the checkpoint or HF folder `src` (in format `src_format`, detected when None) into format `to` (one of
     `formats()`) in the new folder `out`; the path of what was written (`out`, or nxpretrain's `out/step_0`). The
     engine's `write_checkpoint` takes `dtype` and the `options` it knows (NxD's layout); HF shards hold
-    `max_shard_gb`."""
+    `max_shard_gb`. An nxpretrain checkpoint with its optimizer into Megatron-LM, or a Megatron-LM `iter_N` save into
+    nxpretrain, carries the whole training state in fp32 (`engines.megatron.training_state`) unless `weights_only`."""
     if to not in formats(): raise RecipeError(f"--to {to}: choose one of {', '.join(formats())}")
     check_new_folder(out)
+    if not weights_only:
+        from nxpretrain.engines.megatron.training_state import STATE_PAIRS, holds_state, convert_state
+        fmt = src_format or source_format(src)
+        if (fmt, to) in STATE_PAIRS and holds_state(src, fmt): return convert_state(src, fmt, to, out, tp, pp, recipe)
     model = read_model(src, recipe, src_format)
     with atomic_folder(out) as tmp:
         if to == 'hf': written = write_hf(model, tmp, dtype, data_root, max_shard_gb)

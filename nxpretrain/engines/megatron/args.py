@@ -53,6 +53,7 @@ class ArgsUnpickler(pickle.Unpickler):
         if module == 'torch' and name == 'Size': return tuple
         if module == 'torch' and name.isidentifier() and _is_dtype(name): return _dtype(name)
         if module == 'torch._utils' and name == '_rebuild_tensor_v2': return _skipped_tensor
+        if module == 'torch' and name.endswith('Storage'): return name   # a tensor's storage type (never read)
         if module.startswith('megatron.') and module.endswith('enums'): return _enum_member(f'{module}.{name}')
         raise CheckpointError(f"{self.where}: pickles {module}.{name}, which is neither plain data nor a Megatron "
                               "enum; refusing to load it (only Megatron-LM's args are read)")

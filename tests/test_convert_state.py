@@ -1,0 +1,285 @@
+"""The whole training state, nxpretrain → Megatron-LM → nxpretrain, with megatron-core 0.16.1 (PyPI) as the oracle on
+this CPU (its DDP wrapper and optimizer under `bench/mcore_gpt.cuda_on_cpu`, which names the CUDA-only calls):
+
+- N steps of our engine on a `.bin/.idx` corpus; `nxpretrain convert step_N --to megatron`;
+- megatron-core loads that save as Megatron-LM's `load_checkpoint` does: `dist_checkpointing.load` (strict: RAISE_ALL)
+  of the model's and of the optimizer's sharded state, `load_state_dict(strict=True)`, the optimizer's and
+  `OptimizerParamScheduler`'s `load_state_dict`; the iteration, `consumed_train_samples`, Adam's step and moments
+  and the scheduler's position equal ours;
+- it trains M more steps on the same corpus through its own `GPTDataset`: every loss equals the uninterrupted run's
+  within the equality matrix's tolerance (`testing.layouts.TOLERANCE`), and a continuation with a fresh optimizer
+  does not (the test can fail);
+- its save after one of those steps (as Megatron-LM's `save_checkpoint` writes it) → `nxpretrain convert --to
+  native` → our engine resumes and the remaining losses equal the uninterrupted run's."""
+import datetime, json, os, subprocess, sys, time
+from pathlib import Path
+import numpy as np
+import pytest, torch
+
+pytest.importorskip('megatron.core')
+ROOT = Path(__file__).resolve().parents[1]
+N, M = 3, 3                       # steps before the conversion, steps after it
+STEPS, BATCH, MICRO, SEQ = N + M, 4, 2, 16
+RECIPE = ['model.n_layers=2', 'model.hidden=64', 'model.n_heads=4', 'model.vocab_size=100', 'model.seq_len=16',
+          'model.make_vocab_size_divisible_by=64', 'data.micro_batch=2', 'data.global_batch=4', 'trainer.threads=1',
+          'trainer.eval_every=0', 'trainer.log_every=1', f'trainer.save_every={N}', 'parallel.precision=fp32',
+          'optim.warmup_steps=2', 'optim.lr=3e-3', 'optim.min_lr=3e-4', f'trainer.max_steps={STEPS}']
+# case → (recipe, its overrides, Megatron-LM's TP): our run is TP 1; megatron-core goes on at this TP, and back
+CASES = {'gpt_tp1': ('gpt3_tiny', ['model.max_position=null', 'model.ffn_hidden=null'], 1),
+         'llama_gqa_tp2': ('llama3_tiny', ['model.n_kv_heads=2', 'model.ffn_hidden=96'], 2)}
+
+
+def recipe(case: str, corpus: Path):
+    from nxpretrain.recipes import get_recipe
+    name, overrides, _ = CASES[case]
+    return get_recipe(name, f'data.corpus={corpus}', 'data.tokenizer=demo', *RECIPE, *overrides)
+
+
+def cli(*argv):
+    code = f"from nxpretrain.cli import main; main({[str(a) for a in argv]!r})"
+    return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, 'PYTHONPATH': str(ROOT)})
+
+
+def megatron_setup(r, load: Path, optimizer_state: bool, tp: int):
+    """megatron-core's GPTModel of `r`, its DDP wrapper, optimizer and scheduler (made from the save's args as
+    Megatron-LM's `get_megatron_optimizer` / `get_optimizer_param_scheduler` make them), loaded from the save `load`
+    as `load_checkpoint` loads it; `optimizer_state=False`: the weights only, Adam afresh."""
+    sys.path.insert(0, str(ROOT / 'tests'))
+    from test_convert_megatron import megatron_model
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import get_megatron_optimizer, OptimizerConfig
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from nxpretrain.engines.megatron.format import megatron_vocab
+    model = megatron_model(r.model, megatron_vocab(r.model, tp), tp).train()
+    ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+    args = torch.load(load / 'common.pt', weights_only=False)['args']      # Megatron-LM reads it so
+    config = OptimizerConfig(optimizer='adam', lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+                             adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+                             clip_grad=args.clip_grad, params_dtype=torch.float32, use_distributed_optimizer=False)
+    optimizer = get_megatron_optimizer(config, [ddp])
+    B = args.global_batch_size
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters * B, lr_decay_steps=args.lr_decay_iters * B,
+        lr_decay_style=args.lr_decay_style, start_wd=args.start_weight_decay, end_wd=args.end_weight_decay,
+        wd_incr_steps=args.train_iters * B, wd_incr_style=args.weight_decay_incr_style)
+    sharded = dict(model=model.sharded_state_dict())
+    if optimizer_state: sharded['optimizer'] = optimizer.sharded_state_dict(sharded, is_loading=True)
+    # with the optimizer: every key the checkpoint holds is asked for; without: --finetune's weights, its default
+    strict = StrictHandling.RAISE_ALL if optimizer_state else StrictHandling.ASSUME_OK_UNEXPECTED
+    state = dist_checkpointing.load(sharded, str(load), strict=strict)
+    model.load_state_dict(state['model'], strict=True)
+    if optimizer_state:
+        optimizer.load_state_dict(state['optimizer'])
+        scheduler.load_state_dict(state['opt_param_scheduler'])
+    else: scheduler.step(increment=state['args'].consumed_train_samples)
+    return model, ddp, optimizer, scheduler, state
+
+
+def megatron_steps(ddp, optimizer, scheduler, dataset, consumed: int, steps: int, after_step=None) -> tuple:
+    "(losses, learning rates) of `steps` Megatron-LM iterations from sample `consumed`: its micro-batches, its step."
+    positions = torch.arange(SEQ)[None]
+    causal = torch.ones(1, 1, SEQ, SEQ, dtype=torch.bool).triu(1)
+    losses, lrs = [], []
+    for k in range(steps):
+        ddp.zero_grad_buffer()
+        optimizer.zero_grad()
+        total = 0.0
+        for start in range(consumed, consumed + BATCH, MICRO):   # Megatron-LM's sampler: consecutive samples
+            items = [dataset[i] for i in range(start, start + MICRO)]
+            x, y = (torch.stack([torch.as_tensor(it[k]) for it in items]).long() for k in ('tokens', 'labels'))
+            loss = ddp(x, positions.expand_as(x), causal, labels=y).sum() / (BATCH * SEQ)
+            loss.backward()
+            total += loss.item()
+        ddp.finish_grad_sync()
+        lrs.append(optimizer.param_groups[0]['lr'])
+        updated, _, _ = optimizer.step()
+        assert updated
+        scheduler.step(increment=BATCH)
+        consumed += BATCH
+        losses.append(total)
+        if after_step is not None: after_step(k + 1, consumed)
+    return losses, lrs
+
+
+def megatron_save(model, optimizer, scheduler, args, iteration: int, folder: Path):
+    "What Megatron-LM's `save_checkpoint` writes (generate_state_dict, checkpointing.py:649-700; no RNG): iter_N."
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    d = folder / f'iter_{iteration:07d}'
+    if dist.get_rank() == 0: d.mkdir(parents=True)
+    dist.barrier()
+    state = dict(args=args, checkpoint_version=3.0, iteration=iteration, model=model.sharded_state_dict())
+    state['optimizer'] = optimizer.sharded_state_dict(state)
+    state['opt_param_scheduler'] = scheduler.state_dict()
+    dist_checkpointing.save(state, str(d))
+    if dist.get_rank() == 0: (folder / 'latest_checkpointed_iteration.txt').write_text(str(iteration))
+
+
+def moment_sums(optimizer) -> dict:
+    "Each Adam moment's sum of absolute values over the whole model (TP shards summed, replicated tensors once)."
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    first = parallel_state.get_tensor_model_parallel_rank() == 0
+    sums = torch.zeros(2, dtype=torch.float64)
+    for o in optimizer.chained_optimizers:
+        for p, s in o.optimizer.state.items():
+            if getattr(p, 'tensor_model_parallel', False) or first:
+                sums += torch.stack([s[m].double().abs().sum() for m in ('exp_avg', 'exp_avg_sq')])
+    dist.all_reduce(sums)
+    return dict(zip(('exp_avg', 'exp_avg_sq'), sums.tolist()))
+
+
+def continue_in_megatron(out: str, case: str):
+    "A gloo rank: load the converted save, check what was loaded, train M steps, save after the first; a control."
+    import torch.distributed as dist
+    sys.path.insert(0, str(ROOT / 'bench'))
+    sys.path.insert(0, str(ROOT / 'tests'))
+    import mcore_gpt
+    from test_data_megatron import _megatron_gpt
+    out, tp, rank = Path(out), CASES[case][2], dist.get_rank()
+    r = recipe(case, out.parent / 'data' / 'corpus')
+    mcore_gpt.cpu_save_shims()
+    mcore_gpt.init_megatron('cpu', tp)
+    dataset = _megatron_gpt(out.parent / 'data' / 'corpus', SEQ, r.data.split, r.trainer.seed,
+                            (STEPS * BATCH, None, None), out / 'mcache')[0]        # rank 0 builds it
+    res = {}
+    with mcore_gpt.cuda_on_cpu():
+        model, ddp, optimizer, scheduler, state = megatron_setup(r, out / 'megatron' / f'iter_{N:07d}', True, tp)
+        args = state['args']
+        adam = [s for o in optimizer.chained_optimizers for s in o.optimizer.state.values()]   # torch AdamW's
+        from megatron.core import parallel_state
+        res['loaded'] = dict(tp=parallel_state.get_tensor_model_parallel_world_size(),
+                             qkv=tuple(model.decoder.layers[0].self_attention.linear_qkv.weight.shape),
+                             iteration=state['iteration'], consumed=args.consumed_train_samples,
+                             num_steps=scheduler.num_steps, lr=optimizer.param_groups[0]['lr'],
+                             steps=sorted({float(s['step']) for s in adam}), **moment_sums(optimizer))
+        def save_first(k, consumed):
+            if k != 1: return
+            args.consumed_train_samples = consumed
+            megatron_save(model, optimizer, scheduler, args, N + 1, out / 'megatron_run')
+        res['losses'], res['lrs'] = megatron_steps(ddp, optimizer, scheduler, dataset, args.consumed_train_samples,
+                                                   M, save_first)
+        _, ddp, optimizer, scheduler, state = megatron_setup(r, out / 'megatron' / f'iter_{N:07d}', False, tp)
+        res['fresh_losses'], _ = megatron_steps(ddp, optimizer, scheduler, dataset, N * BATCH, M)
+    if rank == 0: torch.save(res, out / 'megatron.pt')
+
+
+def worker(rank: int, world: int, port: int, out: str, case: str):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group('gloo', rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    try: continue_in_megatron(out, case)
+    finally: torch.distributed.destroy_process_group()
+
+
+def spawn(out: Path, case: str, timeout: float = 240) -> dict:
+    "What `continue_in_megatron` found, from fresh processes (megatron-core keeps global state), one per TP rank."
+    from nxpretrain.testing.spawn import free_port
+    ctx = torch.multiprocessing.get_context('forkserver')
+    ctx.set_forkserver_preload(['torch', 'megatron.core.models.gpt.gpt_model', worker.__module__])
+    world = CASES[case][2]
+    ranks = torch.multiprocessing.start_processes(worker, (world, free_port(), str(out), case), nprocs=world,
+                                                  join=False, start_method='forkserver')
+    deadline = time.monotonic() + timeout
+    while not ranks.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ranks.processes: p.kill()
+            raise TimeoutError(f"megatron-core took over {timeout} s")
+    return torch.load(out / 'megatron.pt', weights_only=True)
+
+
+def write_corpus(prefix: Path):
+    from nxpretrain.data.indexed import IndexedWriter
+    rng = np.random.RandomState(0)
+    lengths = rng.randint(5, 40, size=60)
+    with IndexedWriter(prefix, vocab_size=100) as w:
+        w.add_documents(rng.randint(0, 100, size=int(lengths.sum())), lengths)
+
+
+def steps_of(run: Path, name: str) -> dict:
+    return {s['step']: s for s in map(json.loads, (run / name / 'steps.jsonl').read_text().splitlines())}
+
+
+def relative(a: float, b: float) -> float: return abs(a - b) / abs(b)
+
+
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory) -> Path:
+    prefix = tmp_path_factory.mktemp('convert_state') / 'data' / 'corpus'
+    write_corpus(prefix)
+    return prefix
+
+
+@pytest.fixture(scope='module', params=list(CASES))
+def runs(request, corpus):
+    "(folder, our checkpoint at step N, the uninterrupted run's steps, megatron-core's findings, our resumed steps)."
+    from nxpretrain.train.trainer import train
+    case, out = request.param, corpus.parent.parent / request.param
+    r = recipe(case, corpus)
+    train(r, str(out / 'ref'), STEPS, progress=False)
+    ref = steps_of(out / 'ref', r.name)
+    ours = out / 'ref' / r.name / 'checkpoints' / f'step_{N}'
+    p = cli('convert', ours, '--to', 'megatron', '--out', out / 'megatron', '--tp', CASES[case][2])
+    assert p.returncode == 0, p.stderr[-3000:]
+    megatron = spawn(out, case)
+    p = cli('convert', out / 'megatron_run', '--to', 'native', '--out', out / 'back')
+    assert p.returncode == 0, p.stderr[-3000:]
+    train(r, str(out / 'resumed'), STEPS, resume_from=str(out / 'back' / f'step_{N + 1}'), progress=False)
+    return out, ours, ref, megatron, steps_of(out / 'resumed', r.name)
+
+
+def test_megatron_core_loads_the_whole_state_strictly_with_our_values(runs):
+    out, checkpoint, ref, megatron, _ = runs
+    from nxpretrain.engines.megatron.training_state import read_native_state, MOMENTS
+    ours = read_native_state(checkpoint)
+    loaded = megatron['loaded']
+    cfg, tp = ours.model.cfg, CASES[out.name][2]
+    assert loaded['tp'] == tp and loaded['qkv'] == ((cfg.n_heads + 2 * cfg.kv_heads) * cfg.head_dim // tp, cfg.hidden)
+    assert (out / 'megatron' / 'latest_checkpointed_iteration.txt').read_text() == str(N)
+    assert (loaded['iteration'], loaded['consumed'], loaded['num_steps']) == (N, N * BATCH, N * BATCH)
+    assert loaded['steps'] == [float(N)]
+    assert loaded['lr'] == pytest.approx(ref[N + 1]['lr'], rel=1e-12)
+    # sums over every moment: equal whatever the order of the elements (QKV fused, layers stacked)
+    sums = {m: sum(float(ours.moments[m](n).double().abs().sum()) for n in ours.model.names) for m in MOMENTS}
+    assert loaded['exp_avg'] == pytest.approx(sums['exp_avg'], rel=1e-12)
+    assert loaded['exp_avg_sq'] == pytest.approx(sums['exp_avg_sq'], rel=1e-12)
+
+
+def test_megatron_core_goes_on_with_the_uninterrupted_loss_curve(runs):
+    from nxpretrain.testing.layouts import TOLERANCE
+    _, _, ref, megatron, _ = runs
+    errors = [relative(a, ref[N + 1 + k]['loss']) for k, a in enumerate(megatron['losses'])]
+    assert max(errors) < TOLERANCE['loss_err'], (errors, megatron['losses'], ref)
+    assert megatron['lrs'] == pytest.approx([ref[N + 1 + k]['lr'] for k in range(M)], rel=1e-12)
+    # the control: a fresh Adam from the same weights and schedule leaves the curve (Adam's state is what carries)
+    fresh = [relative(a, ref[N + 1 + k]['loss']) for k, a in enumerate(megatron['fresh_losses'])]
+    assert max(fresh[1:]) > 100 * TOLERANCE['loss_err'], fresh
+
+
+def test_our_engine_resumes_megatron_cores_save_with_the_uninterrupted_loss_curve(runs):
+    from nxpretrain.testing.layouts import TOLERANCE
+    out, _, ref, _, resumed = runs
+    state = json.loads((out / 'back' / f'step_{N + 1}' / 'trainer_state.json').read_text())
+    assert (state['step'], state['consumed_samples']) == (N + 1, (N + 1) * BATCH)
+    assert sorted(resumed) == list(range(N + 2, STEPS + 1)), sorted(resumed)
+    errors = [relative(resumed[s]['loss'], ref[s]['loss']) for s in resumed]
+    assert max(errors) < TOLERANCE['loss_err'], (errors, resumed, ref)
+
+
+def test_a_schedule_megatron_lm_has_not_is_refused_in_one_line(runs, tmp_path):
+    "A save inside its warmup (where Megatron-LM's warmup rises along another line than ours): refused, nothing left."
+    import dataclasses
+    from nxpretrain.engines.megatron.training_state import read_native_state, write_megatron_state
+    from nxpretrain.errors import RecipeError
+    from nxpretrain.train.model_source import atomic_folder
+    state = read_native_state(runs[1])
+    r = state.recipe
+    warm = state._replace(recipe=dataclasses.replace(r, optim=dataclasses.replace(r.optim, warmup_steps=N + 2)))
+    with pytest.raises(RecipeError, match=rf'^step {N} is inside the warmup \(optim.warmup_steps={N + 2}, '
+                                          r'optim.decay=cosine\).*\(--weights-only\)$'):
+        with atomic_folder(tmp_path / 'megatron') as tmp: write_megatron_state(warm, tmp)
+    assert list(tmp_path.iterdir()) == []
