@@ -97,8 +97,8 @@ def _setup_recipe(a):
     from nxpretrain.stages import load_recipe
     from nxpretrain.launch.provision import prepare, setup_check
     from nxpretrain.config import override
-    from nxpretrain.launch.job import resolve_cluster
-    from nxpretrain.launch.stage_path import data_root, stage_root
+    from nxpretrain.jobs.description import resolve_cluster
+    from nxpretrain.jobs.stage_path import data_root, stage_root
     r = load_recipe(a.model, a.overrides)
     root = stage_root(r, resolve_cluster(r, a.cluster or None)[1], a.stage, profile_default=False)
     if root: r = override(r, f"cluster.stage={root}")   # the job's folder, data and image under the stage, as train's

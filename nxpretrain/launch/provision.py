@@ -16,8 +16,8 @@ from ..errors import LaunchError
 from ..engines.base import engine_of
 from ..engines.setup import Step
 from ..engines.images import SETUP, image_command, image_of
-from .job import Job, job_name, resolve_cluster
-from .stage_path import on_stage, stage_root
+from ..jobs.description import Job, job_name, resolve_cluster
+from ..jobs.stage_path import on_stage, stage_root
 
 # %% auto #0
 __all__ = ['stage_paths', 'image_step', 'tokenizer_steps', 'setup_steps', 'probe_script', 'Probe', 'parse_probe',

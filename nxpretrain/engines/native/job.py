@@ -13,8 +13,9 @@ from ...config import Recipe, override, to_yaml
 from ...clusters import profile
 from ...validate import validate
 from ..base import Calibration, Engine, register_engine
-from ...launch.job import Job, export_lines, job_name, make_job, plain_value, render_job, resolve_cluster
-from ...launch.jobspec import rendezvous_lines, site_options
+from ...jobs.description import Job, export_lines, job_name, plain_value, resolve_cluster, train_job
+from ...jobs.jobspec import rendezvous_lines, site_options
+from ...jobs.progress_line import parse_progress
 from ...seeds import carried_env, write_differences
 
 # %% auto #0
@@ -52,7 +53,7 @@ fi
 
 # %% ../../../nbs/api/49c_native.ipynb #a5dcacbf
 def xla_jobs(r: Recipe, prof, out: Path, sh: Path) -> dict[str, Job]:
-    "The compile and train jobs that run `sh` on every node of `r`'s cluster, as its profile's launcher writes them."
+    "The compile and train jobs that run `sh` on every node of `r`'s cluster (their profile's launcher writes them)."
     jobs = {}
     for kind in ('compile', 'train'):
         title = f"# trn1 {kind} job for recipe {r.name} on the XLA device (seed 3): {r.cluster.nodes} × {prof.name}"
@@ -62,7 +63,6 @@ def xla_jobs(r: Recipe, prof, out: Path, sh: Path) -> dict[str, Job]:
                   partition=r.cluster.partition, time=r.cluster.time, requeue=kind == 'train', scheduler=prof.scheduler,
                   node_script=sh, requeue_on='failure' if kind == 'train' else '', site=site_options(r.cluster, prof),
                   title=title.replace('\n', ' '))
-        render_job(job).script_path.write_text(job.script)
         jobs[kind] = job
     return jobs
 
@@ -125,7 +125,7 @@ def preflight_job(r: Recipe, out_dir, steps: int, entry: str, env: dict) -> Job:
     short = [f"trainer.max_steps={steps}", f"optim.warmup_steps={min(r.optim.warmup_steps, steps)}",
              'trainer.save_every=0', 'trainer.save_every_minutes=0', 'trainer.eval_every=0', 'trainer.resume=false',
              "trainer.log_every=1"]
-    return make_job(r, None, out_dir, overrides=short, entry=entry, kind='preflight', env=env)
+    return train_job(r, None, out_dir, overrides=short, entry=entry, kind='preflight', env=env)
 
 # %% ../../../nbs/api/49c_native.ipynb #bbfcf70e
 @register_engine
@@ -143,11 +143,9 @@ class NativeEngine(Engine):
         r, prof = resolve_cluster(override(recipe, *overrides), cluster)
         validate(r, r.cluster.nodes * prof.devices_per_node)
         if prof.backend == 'xla': return export_xla_dp(r, out_dir, cache_url, data_root)
-        return {'train': make_job(r, None, out_dir, **options)}
+        return {'train': train_job(r, None, out_dir, **options)}
 
-    def parse_progress(self, line: str) -> dict | None:
-        from nxpretrain.launch.watch import parse_progress
-        return parse_progress(line)
+    def parse_progress(self, line: str) -> dict | None: return parse_progress(line)
 
     @property
     def tb_tags(self) -> dict:
