@@ -120,14 +120,15 @@ def _trains_here(a) -> bool:
 
 def _setup(a):
     from nxpretrain.machine import report_text, report_dict, machine_report, recipe_readiness, Table
+    from nxpretrain.launch.slurmcheck import slurm_info
     if a.model and not _trains_here(a): return _setup_recipe(a)
     a.recipe = a.recipe or a.model                       # a recipe that trains here is judged here
-    if a.json: return _print_json(report_dict(a.recipe or a.recipes, a.data_dir))
+    if a.json: return _print_json(report_dict(a.recipe or a.recipes, a.data_dir, slurm=slurm_info()))
     if not a.recipe:
-        print(report_text(a.recipes, a.data_dir))
+        print(report_text(a.recipes, a.data_dir, slurm=slurm_info()))
         return print("\ndetails of one recipe: nxpretrain setup --recipe NAME; everything as JSON: nxpretrain setup "
                      "--json")
-    d = recipe_readiness(machine_report(), a.recipe, a.data_dir)
+    d = recipe_readiness(machine_report(slurm=slurm_info()), a.recipe, a.data_dir)
     rows = (
         [['needs', d['needs']]]
         + [['missing', g] for g in d['missing']]

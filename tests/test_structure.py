@@ -178,8 +178,7 @@ SLURM_COMMANDS = {'squeue', 'sbatch', 'srun', 'sinfo', 'scancel', 'scontrol', 's
 SLURM_LAUNCHER = {'launch/slurm.py', 'launch/slurmcheck.py'}
 # the local test cluster is Slurm itself: it looks for Slurm's own programs to start them
 SLURM_ITSELF = {'testing/local_slurm.py'}
-# TODO: the machine report's sinfo probe moves behind the Slurm launcher, as the node view's squeue and srun did
-KNOWN_SLURM_CALLERS = {'machine.py'}
+KNOWN_SLURM_CALLERS: set = set()   # none left: the machine report is handed the Slurm launcher's sinfo answer
 
 
 def _slurm_argv(node) -> bool:

@@ -190,7 +190,7 @@ def setup_check(r: Recipe, cluster=None, out_dir='runs', data_root='runs/data',
                 extra: list | None = None) -> SetupCheck:
     """What the job of `r` (on `cluster`) still lacks, judged on a node of its partition through `srun` when Slurm
     answers, else on this machine; `extra` steps are checked as well."""
-    from nxpretrain.machine import slurm_info
+    from nxpretrain.launch.slurmcheck import slurm_info
     r, prof = resolve_cluster(r, cluster)
     steps = setup_steps(r, prof, out_dir, data_root) + list(extra or [])
     probe = run_probe(steps, r.cluster.partition)
