@@ -79,6 +79,7 @@ def test_engines_and_the_node_collector_write_no_scheduler_header():
     for path in [PKG / 'launch' / 'nodes.py', *[p for p in engines if p.exists()]]:
         text = path.read_text()
         assert 'subprocess' not in text and 'sbatch_header' not in text, path
+        assert 'render_job' not in text, f"{path}: return the job's description; its caller has it rendered"
         assert "scheduler='slurm'" not in text, path
 
 
