@@ -97,8 +97,8 @@ def _setup_recipe(a):
     from nxpretrain.stages import load_recipe
     from nxpretrain.launch.provision import prepare, setup_check
     from nxpretrain.config import override
-    from nxpretrain.launch.job import resolve_cluster
-    from nxpretrain.launch.stage_path import data_root, stage_root
+    from nxpretrain.jobs.description import resolve_cluster
+    from nxpretrain.jobs.stage_path import data_root, stage_root
     r = load_recipe(a.model, a.overrides)
     root = stage_root(r, resolve_cluster(r, a.cluster or None)[1], a.stage, profile_default=False)
     if root: r = override(r, f"cluster.stage={root}")   # the job's folder, data and image under the stage, as train's
@@ -120,14 +120,15 @@ def _trains_here(a) -> bool:
 
 def _setup(a):
     from nxpretrain.machine import report_text, report_dict, machine_report, recipe_readiness, Table
+    from nxpretrain.launch.slurmcheck import slurm_info
     if a.model and not _trains_here(a): return _setup_recipe(a)
     a.recipe = a.recipe or a.model                       # a recipe that trains here is judged here
-    if a.json: return _print_json(report_dict(a.recipe or a.recipes, a.data_dir))
+    if a.json: return _print_json(report_dict(a.recipe or a.recipes, a.data_dir, slurm=slurm_info()))
     if not a.recipe:
-        print(report_text(a.recipes, a.data_dir))
+        print(report_text(a.recipes, a.data_dir, slurm=slurm_info()))
         return print("\ndetails of one recipe: nxpretrain setup --recipe NAME; everything as JSON: nxpretrain setup "
                      "--json")
-    d = recipe_readiness(machine_report(), a.recipe, a.data_dir)
+    d = recipe_readiness(machine_report(slurm=slurm_info()), a.recipe, a.data_dir)
     rows = (
         [['needs', d['needs']]]
         + [['missing', g] for g in d['missing']]

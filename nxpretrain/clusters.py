@@ -34,7 +34,7 @@ class ClusterProfile:
     lnc: int = 0                   # Trainium2 logical NeuronCore config (1 or 2); 0 elsewhere
     scheduler: str = 'slurm'       # the launcher that queues its jobs (a name registered in nxpretrain.launch.launcher)
     stage: str = ''                # the shared folder its jobs live under (seed 2's $STAGE_PATH); '': working folder
-    # the site's options for every job (nxpretrain.launch.jobspec.site_options); a recipe's cluster section overrides
+    # the site's options for every job (nxpretrain.jobs.jobspec.site_options); a recipe's cluster section overrides
     account: str = ''
     qos: str = ''
     constraint: str = ''

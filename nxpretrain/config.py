@@ -100,7 +100,7 @@ class ClusterConfig:
     partition: str = ''
     time: str = ''                       # Slurm --time, e.g. 48:00:00
     storage_gbps: float = 2.0            # shared-storage write bandwidth in GB/s, for checkpoint timing
-    # site options (nxpretrain.launch.jobspec): set here they win over the profile's; '' keeps the profile's
+    # site options (nxpretrain.jobs.jobspec): set here they win over the profile's; '' keeps the profile's
     account: str = ''                    # sbatch --account
     qos: str = ''                        # sbatch --qos
     constraint: str = ''                 # sbatch --constraint, e.g. a node feature
@@ -108,7 +108,7 @@ class ClusterConfig:
     exclude: str = ''                    # sbatch --exclude: nodes the job must not run on
     sbatch: list[str] = field(default_factory=list)   # more sbatch options, each as written, e.g. --mail-type=END
     srun: list[str] = field(default_factory=list)     # more options of the srun that starts the ranks
-    stage: str = ''                      # the shared folder its jobs live under ('': the profile's; launch.stage_path)
+    stage: str = ''                      # the shared folder its jobs live under ('': the profile's; jobs.stage_path)
 
 # %% ../nbs/api/00_config.ipynb #62749f49
 @dataclass

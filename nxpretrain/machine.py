@@ -5,7 +5,7 @@ what each recipe still needs to run here."""
 
 # %% ../nbs/api/03_machine.ipynb #265cac3c
 from __future__ import annotations
-import os, re, glob, shutil, socket, platform, subprocess, importlib.util, importlib.metadata
+import os, re, glob, shutil, socket, platform, importlib.util, importlib.metadata
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from fastcore.basics import patch
@@ -14,11 +14,11 @@ from .config import Recipe, world_size
 from .clusters import profile
 
 # %% auto #0
-__all__ = ['MATMUL_FLAGS', 'SHARED_FS', 'KEY_PACKAGES', 'Table', 'host_info', 'cpu_flags', 'pkg_version', 'torch_build',
-           'neuron_info', 'backend_of', 'Device', 'cuda_devices', 'devices', 'SlurmInfo', 'parse_sinfo', 'slurm_info',
-           'Mount', 'parse_mounts', 'mount_of', 'storage_info', 'MachineReport', 'machine_report', 'report_table',
-           'recipe_needs', 'data_dir_default', 'tokenizer_ready', 'corpus_ready', 'data_gaps', 'gres_nodes',
-           'recipe_gaps', 'readiness', 'recipe_readiness', 'report_dict', 'report_text']
+__all__ = ['MATMUL_FLAGS', 'SINFO_FORMAT', 'SHARED_FS', 'KEY_PACKAGES', 'Table', 'host_info', 'cpu_flags',
+           'pkg_version', 'torch_build', 'neuron_info', 'backend_of', 'Device', 'cuda_devices', 'devices', 'SlurmInfo',
+           'parse_sinfo', 'Mount', 'parse_mounts', 'mount_of', 'storage_info', 'MachineReport', 'machine_report',
+           'report_table', 'recipe_needs', 'data_dir_default', 'tokenizer_ready', 'corpus_ready', 'data_gaps',
+           'gres_nodes', 'recipe_gaps', 'readiness', 'recipe_readiness', 'report_dict', 'report_text']
 
 # %% ../nbs/api/03_machine.ipynb #191d6967
 @dataclass
@@ -137,6 +137,7 @@ class SlurmInfo:
     nodes: list = field(default_factory=list)        # dicts: node, partition, state, cpus, memory_mb, gres
     squeue: bool = False                             # squeue on PATH
     error: str = ''                                  # why sinfo gave no answer
+    asked: bool = True                               # False: nobody asked sinfo for this report
 
     @property
     def partitions(self) -> dict:
@@ -149,7 +150,7 @@ class SlurmInfo:
     def node_names(self) -> list: return sorted({n['node'] for n in self.nodes})
 
 # %% ../nbs/api/03_machine.ipynb #3e59a058
-_SINFO_FORMAT = '%N|%P|%T|%c|%m|%G'
+SINFO_FORMAT = '%N|%P|%T|%c|%m|%G'   # the columns `parse_sinfo` reads
 
 def parse_sinfo(text: str) -> list[dict]:
     "Rows of `sinfo -h -N -o '%N|%P|%T|%c|%m|%G'` as dicts; the default partition loses its `*`."
@@ -160,24 +161,6 @@ def parse_sinfo(text: str) -> list[dict]:
         rows.append(dict(node=node, partition=part.rstrip('*'), state=state, cpus=int(cpus) if cpus.isdigit() else None,
                          memory_mb=int(mem) if mem.isdigit() else None, gres='' if gres == '(null)' else gres))
     return rows
-
-# %% ../nbs/api/03_machine.ipynb #4b9fe306
-def _run(args, timeout: float) -> tuple[int, str]:
-    "Exit code and output of `args`; 124 on timeout, 127 when the program is missing."
-    try: p = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired: return 124, f"no answer within {timeout:g} s"
-    except OSError as e: return 127, str(e)
-    return p.returncode, (p.stdout if p.returncode == 0 else p.stderr or p.stdout).strip()
-
-def slurm_info(timeout: float = 2.0) -> SlurmInfo:
-    "Slurm as this machine sees it: version, nodes by partition, or why there is none."
-    if not shutil.which('sinfo'): return SlurmInfo(squeue=bool(shutil.which('squeue')))
-    rc, version = _run(['sinfo', '--version'], timeout)
-    info = SlurmInfo(version.split()[-1] if rc == 0 and version else '', squeue=bool(shutil.which('squeue')))
-    rc, out = _run(['sinfo', '-h', '-N', '-o', _SINFO_FORMAT], timeout)
-    if rc == 0: info.nodes = parse_sinfo(out)
-    else: info.error = (out.splitlines() or ['sinfo failed'])[-1]
-    return info
 
 # %% ../nbs/api/03_machine.ipynb #a06f0e7d
 SHARED_FS = ('lustre', 'nfs', 'nfs4', 'beegfs', 'gpfs', 'wekafs', 'cifs', 'smb3', 'ceph', 'glusterfs', 'panfs',
@@ -253,12 +236,13 @@ class MachineReport:
     def to_dict(self) -> dict: return asdict(self)
 
 # %% ../nbs/api/03_machine.ipynb #18a332bd
-def machine_report(paths=('.',), packages=KEY_PACKAGES, slurm_timeout: float = 2.0) -> MachineReport:
-    "Everything this machine offers for training, gathered in a few seconds."
+def machine_report(paths=('.',), packages=KEY_PACKAGES, slurm: SlurmInfo | None = None) -> MachineReport:
+    """Everything this machine offers for training, gathered in a few seconds; `slurm`: what the Slurm launcher's
+    `sinfo` found here (`nxpretrain.launch.slurmcheck.slurm_info`), not asked when None."""
     host, build, neuron = host_info(), torch_build(), neuron_info()
     devs = devices(build, neuron, host)
     return MachineReport(host, build, neuron, backend_of(build, neuron, sum(d.kind == 'cuda' for d in devs)), devs,
-                         slurm_info(slurm_timeout), storage_info(paths), {p: pkg_version(p) for p in packages})
+                         slurm or SlurmInfo(asked=False), storage_info(paths), {p: pkg_version(p) for p in packages})
 
 # %% ../nbs/api/03_machine.ipynb #bb769215
 def _gib(x) -> str: return '?' if x is None else f'{x:,.0f} GiB' if x >= 10 else f'{x:.1f} GiB'
@@ -276,6 +260,7 @@ def _devices_text(r: MachineReport) -> str:
 
 # %% ../nbs/api/03_machine.ipynb #76f4a82d
 def _slurm_text(s: SlurmInfo) -> str:
+    if not s.asked: return 'not asked (nxpretrain.launch.slurmcheck.slurm_info asks sinfo)'
     if s.version is None: return 'not installed (no sinfo on PATH)' + ('; squeue found' if s.squeue else '')
     if s.error and 'configuration source' in s.error:     # sinfo's words for a machine outside any cluster
         return 'installed, but no cluster here: sinfo finds no slurm.conf (not a head node; submit from one)'
@@ -389,7 +374,9 @@ def recipe_gaps(recipe: Recipe, report: MachineReport, data_dir=None) -> list[st
     s = report.slurm
     if not fits_here:
         want = f"cluster: needs {nodes} × {p.name} via Slurm"
-        if s.version is None: out.append(f"{want}; here {here} {_DEVICE_WORD[p.backend]} and no Slurm (no sinfo)")
+        if s.version is None:
+            out.append(f"{want}; here {here} {_DEVICE_WORD[p.backend]} and no Slurm "
+                       f"({'no sinfo' if s.asked else 'sinfo not asked'})")
         elif s.error: out.append(f"{want}; Slurm does not answer ({s.error})")
         elif len(s.node_names) < nodes:
             out.append(f"{want}; Slurm here has {len(s.node_names)} node{'s' * (len(s.node_names) != 1)}")
@@ -426,15 +413,17 @@ def recipe_readiness(report: MachineReport, name: str, data_dir=None) -> dict:
     return dict(recipe=rec.name, needs=recipe_needs(rec), ready=not gaps, missing=gaps)
 
 # %% ../nbs/api/03_machine.ipynb #daf361a2
-def report_dict(recipes='all', data_dir=None, paths=('.',), report: MachineReport | None = None) -> dict:
-    "The machine report and each recipe's readiness as plain data (JSON-ready)."
-    r = report or machine_report(paths)
+def report_dict(recipes='all', data_dir=None, paths=('.',), report: MachineReport | None = None,
+                slurm: SlurmInfo | None = None) -> dict:
+    "The machine report (`slurm`: what Slurm's launcher found) and each recipe's readiness as plain data (JSON-ready)."
+    r = report or machine_report(paths, slurm=slurm)
     return dict(machine=r.to_dict(), backend=r.backend,
                 recipes=[recipe_readiness(r, n, data_dir) for n in _recipe_names(recipes)])
 
 # %% ../nbs/api/03_machine.ipynb #09612ef2
-def report_text(recipes='all', data_dir=None, paths=('.',), width: int = 100) -> str:
-    "The machine report, package versions and recipe readiness as plain text of at most `width` columns."
-    r = machine_report(paths)
+def report_text(recipes='all', data_dir=None, paths=('.',), width: int = 100, slurm: SlurmInfo | None = None) -> str:
+    """The machine report (`slurm`: what Slurm's launcher found), package versions and recipe readiness as plain text of
+    at most `width` columns."""
+    r = machine_report(paths, slurm=slurm)
     tables = [report_table(r), r.versions(), readiness(r, recipes, data_dir)]
     return '\n\n'.join(t.text(width) for t in tables)

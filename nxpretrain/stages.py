@@ -25,7 +25,7 @@ def where_to_train(r: Recipe, cluster: str = '', cluster_option: str = '-p clust
     """('local' | 'torchrun' | 'submit' | 'stop', reason) for recipe `r` and the `cluster` the user gave ('' = none);
     `cluster_option` is how the caller gives one (a notebook's papermill `-p cluster`, the CLI's `--cluster`)."""
     if cluster:
-        from nxpretrain.launch.job import resolve_cluster
+        from nxpretrain.jobs.description import resolve_cluster
         return 'submit', f"submitting to {resolve_cluster(r, cluster)[1].scheduler} ({cluster})"
     prof = profile(r.cluster.profile)
     if prof.backend == 'gloo' and r.cluster.nodes == 1:
@@ -72,8 +72,8 @@ def _show_job(job, show, verb: str):
 # %% ../nbs/api/07_stages.ipynb #6aeea9c4
 def job_folder(r: Recipe, cluster: str, stage: str, to_a_cluster: bool, out_dir, on_this_machine: bool) -> tuple:
     "(recipe with its `cluster.stage`, the stage root or None, the job's own folder) of `r`'s job."
-    from nxpretrain.launch.job import resolve_cluster
-    from nxpretrain.launch.stage_path import stage_root
+    from nxpretrain.jobs.description import resolve_cluster
+    from nxpretrain.jobs.stage_path import stage_root
     root = None if on_this_machine else stage_root(r, resolve_cluster(r, cluster or None)[1], stage, to_a_cluster)
     if root: r = override(r, f"cluster.stage={root}")
     return r, root, (root / 'jobs' / r.name) if root else runs_dir(out_dir) / 'jobs' / r.name
@@ -115,7 +115,7 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     action, reason = where_to_train(r, cluster, cluster_option)
     to_a_cluster = action == 'submit'                 # one that answers here: the profile's stage folder is there
     if action == 'submit' and not dry_run:            # our one line, before the scheduler's own words
-        from nxpretrain.launch.job import resolve_cluster
+        from nxpretrain.jobs.description import resolve_cluster
         from nxpretrain.launch.launcher import launcher_for
         if why := launcher_for(resolve_cluster(r, cluster)[1]).reachable(): raise LaunchError(why)
     if dry_run:
@@ -123,14 +123,15 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     show(plan(r))
     print(f"\n{action}: {reason}")
     from nxpretrain.engines.base import engine_of
+    from nxpretrain.launch.job import export_jobs
     from nxpretrain.launch.launcher import get_launcher
     engine = engine_of(r)
     if action == 'local' and engine.in_process:      # here, in this process: the run's own folder holds its init
         runs = runs_dir(out_dir)
         start = {'init_from': _init_options(r, init_from, runs / r.name, True)['init_from']} if init_from else {}
         return _recorded(engine.train(r, str(runs), **start), model)
-    from nxpretrain.launch.job import resolve_cluster
-    from nxpretrain.launch.stage_path import data_root
+    from nxpretrain.jobs.description import resolve_cluster
+    from nxpretrain.jobs.stage_path import data_root
     on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
     r, root, where = job_folder(r, cluster, stage, to_a_cluster, out_dir, on_this_machine)
     # the engine's job, checked against the cluster, every value quoted (where the framework compiles: 03_compile first)
@@ -140,7 +141,7 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         from nxpretrain.launch.compile_job import neuron_cache_dir
         options['cache_url'] = str(neuron_cache_dir(r, root or out_dir))   # the stage's, as compile's with a stage
     options['data_root'] = str(data_root(root))       # NXPRETRAIN_DATA, else the stage's data/, else runs/data
-    job = engine.export(r, where, cluster or None, **options)['train']
+    job = export_jobs(engine, r, where, cluster or None, **options)['train']   # the launcher writes its script
     if on_this_machine:
         from nxpretrain.launch.local import run_local
         done = run_local(job)

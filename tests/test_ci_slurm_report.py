@@ -30,7 +30,8 @@ def slurm_conf():
 @pytest.mark.skipif(bool(why_not()), reason=f'no local Slurm: {why_not()}')
 def test_report_sees_the_slurm_nodes(slurm_conf):
     code = ("from nxpretrain.machine import machine_report, recipe_gaps, readiness\nfrom nxpretrain.recipes import "
-            "CATALOG\nr = machine_report()\nprint(r.slurm.version, len(r.slurm.node_names), "
+            "CATALOG\nfrom nxpretrain.launch.slurmcheck import slurm_info\nr = machine_report(slurm=slurm_info())\n"
+            "print(r.slurm.version, len(r.slurm.node_names), "
             "sorted(r.slurm.partitions), r.slurm.error)\nprint('\\n'.join(recipe_gaps(CATALOG['gpt3_23b'], r, "
             "'/nowhere')))\nprint('\\n'.join(recipe_gaps(CATALOG['gpt3_64m'], r, '/nowhere')))\nprint(r)")
     env = {**os.environ, 'SLURM_CONF': slurm_conf, 'PYTHONPATH': str(ROOT)}

@@ -11,6 +11,7 @@ from nxpretrain.clusters import PROFILES, profile
 from nxpretrain.config import override
 from nxpretrain.recipes import get_recipe
 from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
+from nxpretrain.launch.job import render_jobs
 
 # pyxis's options translated for bubblewrap: the image file lists the host folders that form the image's root
 SRUN = r'''#!/bin/bash
@@ -84,7 +85,7 @@ def box(tmp_path, monkeypatch):
     r = override(get_recipe('gpt3_126m_p4de'), 'cluster.nodes=2', 'cluster.time=00:10:00', 'parallel.tp=1',
                  'parallel.pp=1', 'data.micro_batch=1', 'data.global_batch=2', 'trainer.max_steps=3',
                  'optim.warmup_steps=1', 'optim.decay_steps=3', f"cluster.stage={stage}")
-    job = export_megatron(r, stage / 'jobs' / r.name, 'gpu-box', data_root=str(stage / 'data'))['train']
+    job = render_jobs(export_megatron(r, stage / 'jobs' / r.name, 'gpu-box', data_root=str(stage / 'data')))['train']
     flags = {}
     for line in (job.out_dir / 'megatron.args').read_text().splitlines():
         if line.startswith('--'): flags[line.split()[0][2:]] = line.split()[1:]

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 from nxpretrain.errors import CheckpointError, NxpError
 from nxpretrain.models.args import ModelConfig
 from nxpretrain.convert.convert import convert, read_model, source_format
+from nxpretrain.launch.job import render_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = ModelConfig(arch='llama', n_layers=3, hidden=32, n_heads=8, n_kv_heads=2, ffn_hidden=40, vocab_size=100,
@@ -158,8 +159,8 @@ def test_a_llama_recipe_on_megatron_lm_passes_the_contract(tmp_path):
     from nxpretrain.engines.megatron.contract import read_flags
     from nxpretrain.recipes import get_recipe
     r = get_recipe('llama3_8b', 'engine=megatron', 'cluster.profile=p5.48xlarge')
-    jobs = export_megatron(r, tmp_path / 'job', None, (), data_root=str(tmp_path / 'data'),
-                           megatron_lm=str(tmp_path / 'Megatron-LM'))
+    jobs = render_jobs(export_megatron(r, tmp_path / 'job', None, (), data_root=str(tmp_path / 'data'),
+                                       megatron_lm=str(tmp_path / 'Megatron-LM')))
     assert engine_of(r).check(jobs) == []
     flags = read_flags(tmp_path / 'job' / 'megatron.args')
     assert flags['num-query-groups'] == ['8'] and flags['normalization'] == ['RMSNorm'] and 'swiglu' in flags
@@ -182,8 +183,9 @@ def test_a_megatron_lm_job_starts_from_converted_weights(tmp_path):
                    'model.norm_eps=1e-5', 'cluster.nodes=1', 'data.global_batch=64', 'data.micro_batch=1')
     folder = prepare_init_from(r, hf, tmp_path / 'job')
     assert (folder / 'latest_checkpointed_iteration.txt').read_text() == 'release'
-    jobs = export_megatron(r, tmp_path / 'job', None, (), data_root=str(tmp_path / 'data'),
-                           megatron_lm=str(tmp_path / 'Megatron-LM'), init_from=str(folder), init_from_hf=str(hf))
+    jobs = render_jobs(export_megatron(r, tmp_path / 'job', None, (), data_root=str(tmp_path / 'data'),
+                                       megatron_lm=str(tmp_path / 'Megatron-LM'), init_from=str(folder),
+                                       init_from_hf=str(hf)))
     assert engine_of(r).check(jobs) == []
     assert read_flags(tmp_path / 'job' / 'megatron.args')['pretrained-checkpoint'] == [str(folder)]
     assert (f'nxpretrain convert {hf} --to megatron --out {folder} --tp 2 --pp 1 --transformer-impl '

@@ -5,6 +5,7 @@ import pytest
 from nxpretrain.cli import main
 from nxpretrain.recipes import get_recipe
 import nxpretrain.data.prepare as prepare_module
+from nxpretrain.launch.job import export_jobs
 
 
 def _data_hints(script: str) -> list[list[str]]:
@@ -15,7 +16,7 @@ def _data_hints(script: str) -> list[list[str]]:
 def test_the_data_hint_of_a_job_runs(tmp_path, monkeypatch, name):
     from nxpretrain.engines.base import engine_of
     r = get_recipe(name)
-    jobs = engine_of(r).export(r, tmp_path / 'job', data_root=str(tmp_path / 'data'))
+    jobs = export_jobs(engine_of(r), r, tmp_path / 'job', data_root=str(tmp_path / 'data'))
     text = '\n'.join(p.read_text() for p in (tmp_path / 'job').glob('*.s*') if p.is_file())
     hints = _data_hints(text)
     assert hints, text[:2000]

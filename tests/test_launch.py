@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from nxpretrain.recipes import CATALOG
 from nxpretrain.errors import RecipeError
-from nxpretrain.launch.job import make_job, make_array_job
+from nxpretrain.launch.job import export_jobs, make_job, make_array_job
 from nxpretrain.launch.local import run_local
 from nxpretrain.engines.base import engine_of
 
@@ -13,7 +13,7 @@ from nxpretrain.engines.base import engine_of
 @pytest.mark.parametrize('name', sorted(CATALOG))
 def test_every_catalog_job_is_valid_bash(name, tmp_path):
     r = CATALOG[name]
-    jobs = list(engine_of(r).export(r, tmp_path / 'job').values())
+    jobs = list(export_jobs(engine_of(r), r, tmp_path / 'job').values())
     for job in jobs:
         p = subprocess.run(['bash', '-n', str(job.script_path)], capture_output=True, text=True)
         assert p.returncode == 0, (name, job.kind, p.stderr)

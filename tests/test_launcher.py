@@ -4,7 +4,8 @@ import contextlib, io, json, os
 from pathlib import Path
 import pytest
 from nxpretrain.clusters import PROFILES, ClusterProfile
-from nxpretrain.launch.job import make_job, quote_argv, write_job
+from nxpretrain.jobs.description import quote_argv
+from nxpretrain.launch.job import make_job, write_job
 from nxpretrain.launch.launcher import (JobState, JobStatus, Launcher, LAUNCHERS, find_records, record_job, register,
                                         status, tail, get_launcher)
 from nxpretrain.launch.local import LocalLauncher

@@ -16,13 +16,14 @@ from nxpretrain.engines.megatron.contract import contract_problems, read_flags
 from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
 from nxpretrain.launch.launcher import submit, wait, tail, log_path, status, find_records
 from nxpretrain.launch.slurm import SlurmLauncher
+from nxpretrain.launch.job import render_jobs
 
 GPU_RECIPES = sorted(n for n, r in load_catalog().items() if r.engine == "megatron")
 
 
 def _export(tmp_path, name, *overrides, cluster=None):
-    jobs = export_megatron(get_recipe(name), tmp_path / name, cluster, overrides, data_root=str(tmp_path / 'data'),
-                           megatron_lm=str(tmp_path / 'Megatron-LM'))
+    jobs = render_jobs(export_megatron(get_recipe(name), tmp_path / name, cluster, overrides,
+                                       data_root=str(tmp_path / 'data'), megatron_lm=str(tmp_path / 'Megatron-LM')))
     return jobs['train']
 
 
@@ -164,8 +165,8 @@ def _local_job(tmp_path, prof, *overrides):
                  'parallel.pp=1', 'data.micro_batch=1', 'data.global_batch=2', 'trainer.max_steps=30',
                  'trainer.save_every=5', 'optim.warmup_steps=3',
                  'optim.decay_steps=30', *overrides)
-    job = export_megatron(r, tmp_path / 'job', prof, data_root=str(tmp_path / 'data'),
-                          megatron_lm=str(tmp_path / 'Megatron-LM'))['train']
+    job = render_jobs(export_megatron(r, tmp_path / 'job', prof, data_root=str(tmp_path / 'data'),
+                                      megatron_lm=str(tmp_path / 'Megatron-LM')))['train']
     mlm = tmp_path / 'Megatron-LM'
     mlm.mkdir(exist_ok=True)
     (mlm / 'pretrain_gpt.py').write_text(STAND_IN)

@@ -12,7 +12,7 @@ ENGINE = '''
 import sys
 from pathlib import Path
 from nxpretrain.engines.base import Engine, register_engine
-from nxpretrain.launch.job import Job, job_name
+from nxpretrain.jobs.description import Job, job_name
 from nxpretrain.steptime import Calibration
 
 LOOP = """for i in range(1, 4): print(f"stub it {i}/3 loss {4 - i / 2} sec 0.5", flush=True)"""

@@ -14,7 +14,7 @@ LAUNCHER = '''
 import shlex
 from pathlib import Path
 from nxpretrain.launch.launcher import Launcher, register
-from nxpretrain.launch.job import export_lines, quote_argv, torchrun_argv
+from nxpretrain.jobs.description import export_lines, quote_argv, torchrun_argv
 
 
 @register
@@ -51,6 +51,7 @@ import dataclasses, json, sys
 from pathlib import Path
 from nxpretrain.clusters import PROFILES, profile
 from nxpretrain.engines.base import get_engine
+from nxpretrain.launch.job import export_jobs
 from nxpretrain.recipes import get_recipe
 out = Path(sys.argv[1])
 for base in ('cpu', 'trn1.32xlarge', 'nd_h100_v5'):
@@ -69,7 +70,7 @@ for engine, (name, prof) in runs.items():
                    *(['data.global_batch=16'] if engine == 'native' else []))
     kw = {'data_root': str(out / 'data')} if engine != 'native' else {}
     if engine == 'megatron': kw['megatron_lm'] = str(out / 'Megatron-LM')
-    jobs = get_engine(engine).export(r, out / engine, **kw)
+    jobs = export_jobs(get_engine(engine), r, out / engine, **kw)   # the engine describes, the plugin renders
     report[engine] = {k: {'scheduler': j.scheduler, 'script': str(j.script_path), 'text': j.script}
                       for k, j in jobs.items()}
 print(json.dumps(report))

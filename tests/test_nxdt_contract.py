@@ -10,6 +10,7 @@ from nxpretrain.engines.nxdt.contract import (NXDT, NXDT_RECIPES, load_struct, c
 from nxpretrain.engines.nxdt.job import catalog_differences
 from nxpretrain.recipes import get_recipe
 from nxpretrain.errors import RecipeError
+from nxpretrain.launch.job import render_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope='module')
 def exports(tmp_path_factory):
     out = tmp_path_factory.mktemp('nxdt')
-    return {name: (export_nxdt(name, out / name, data_root=out / 'data'), out / name) for name in NXDT_RECIPES}
+    return {name: (render_jobs(export_nxdt(name, out / name, data_root=out / 'data')), out / name)
+            for name in NXDT_RECIPES}
 
 
 @pytest.mark.parametrize('name', NXDT_RECIPES)
@@ -93,7 +95,7 @@ def test_continual_pretraining_loads_weights_once_then_resumes(tmp_path):
     "Seed 4's continual pretraining: weights from the converted checkpoint until the run has its own, then resume."
     init = tmp_path / 'pretrained_weight'
     init.mkdir()
-    jobs = export_nxdt('llama3_8b', tmp_path / 'run', data_root=tmp_path / 'data', init_from=str(init))
+    jobs = render_jobs(export_nxdt('llama3_8b', tmp_path / 'run', data_root=tmp_path / 'data', init_from=str(init)))
     cfg = load_struct(jobs['train'].recipe_path)
     assert cfg.exp_manager.resume_from_checkpoint == str(init) and cfg.model.weight_init_only is True
     assert contract_problems(cfg) == []
@@ -151,7 +153,8 @@ def test_trn2_lnc1_and_trn1_layouts(tmp_path):
     for name, cluster, overrides, want in (('llama3_70b_trn2', 'trn2.48xlarge-lnc1:4', [], (128, 1)),
                                            ('llama3_70b_trn2', 'trn1.32xlarge:16', [], (32, 1)),
                                            ('llama3_70b', 'trn2.48xlarge:8', ['parallel.pp=4'], (64, 2))):
-        jobs = export_nxdt(name, tmp_path / cluster.replace(':', '-'), cluster, overrides, data_root=tmp_path / 'data')
+        jobs = render_jobs(export_nxdt(name, tmp_path / cluster.replace(':', '-'), cluster, overrides,
+                                       data_root=tmp_path / 'data'))
         cfg = load_struct(jobs['train'].recipe_path)
         assert (cfg.trainer.devices, cfg.trainer.lnc, contract_problems(cfg)) == (*want, []), (name, cluster)
         rows = differences(yaml.safe_load(jobs['train'].recipe_path.read_text()), get_recipe(name, *overrides))

@@ -9,7 +9,7 @@ from nxpretrain.config import override
 from nxpretrain.validate import validate
 from nxpretrain.plan import plan
 from nxpretrain.clusters import profile
-from nxpretrain.launch.job import make_job
+from nxpretrain.launch.job import make_job, render_jobs
 from nxpretrain.launch.slurm import SlurmLauncher
 from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
 
@@ -98,7 +98,7 @@ def test_missing_image_hint_builds_pytorch_25_03_with_the_efa_layer(tmp_path, na
     import shlex, subprocess, sys
     from nxpretrain.engines.megatron.contract import load_contract
     from nxpretrain.engines.megatron.job import export_megatron
-    job = export_megatron(get_recipe(name), tmp_path / name)['train']        # the job `train` submits (Megatron-LM)
+    job = render_jobs(export_megatron(get_recipe(name), tmp_path / name))['train']   # the job `train` submits
     line = next(l for l in job.script.splitlines() if l.startswith('for need in '))
     needs = dict(n.split('::', 1) for n in shlex.split(line.removeprefix('for need in ').removesuffix('; do')))
     hint = needs[IMAGE]

@@ -7,6 +7,7 @@ import pytest, yaml
 from nxpretrain.recipes import CATALOG, get_recipe
 from nxpretrain.seeds import (accepted_differences, job_seed, recipe_seed, run_facts, seed_facts, seeds_dir,
                               value_differences)
+from nxpretrain.launch.job import export_jobs, render_jobs
 
 SEEDS = range(5)
 
@@ -62,7 +63,7 @@ def test_bert_large_is_seed3s_batch_and_plans_at_it():
 
 def test_gpt3_175b_exports_seed0s_schedule_and_recompute(tmp_path):
     from nxpretrain.engines.nxdt.job import export_nxdt
-    jobs = export_nxdt('gpt3_175b', tmp_path / 'run', data_root=tmp_path / 'data')
+    jobs = render_jobs(export_nxdt('gpt3_175b', tmp_path / 'run', data_root=tmp_path / 'data'))
     cfg = yaml.safe_load(jobs['train'].recipe_path.read_text())
     sched = cfg['model']['optim']['sched']
     got = (cfg['model']['optim']['lr'], sched['constant_steps'], cfg['trainer']['max_steps'])
@@ -91,7 +92,7 @@ def _flat(d: dict, prefix='') -> dict:
 def _export_job(name: str, d: Path):
     from nxpretrain.engines.base import engine_of
     r = get_recipe(name)
-    return r, engine_of(r).export(r, d / 'job', cache_url=str(d / 'cache'))
+    return r, export_jobs(engine_of(r), r, d / 'job', cache_url=str(d / 'cache'))
 
 
 JOBS = {0: 'gpt3_23b', 2: 'gpt3_175b_gpu', 3: 'bert_large', 4: 'llama3_70b'}

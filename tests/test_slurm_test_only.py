@@ -7,7 +7,7 @@ from nxpretrain.recipes import CATALOG
 from nxpretrain.clusters import profile
 from nxpretrain.testing.local_slurm import LocalSlurm, why_no_slurm
 from nxpretrain.errors import SlurmError
-from nxpretrain.launch.job import make_job
+from nxpretrain.launch.job import export_jobs, make_job
 from nxpretrain.launch.slurm import SlurmLauncher
 
 check = SlurmLauncher().check   # sbatch --test-only: when would it start, nothing submitted
@@ -32,7 +32,7 @@ def test_catalog_jobs_fit_their_profile(prof, tmp_path):
             cpus = r.cluster.nodes * profile(prof).cpus_per_node
             assert f"using {cpus} processors" in answer, (name, answer)
             if r.engine != 'native' or profile(prof).backend == 'xla':   # the engine's own compile and train jobs
-                for kind, j in engine_of(r).export(r, tmp_path / f"{r.engine}-{name}").items():
+                for kind, j in export_jobs(engine_of(r), r, tmp_path / f"{r.engine}-{name}").items():
                     assert 'to start at' in check(j), (name, kind)
         # one node more than the cluster has: refused now, not after the queue wait
         big = make_job(names[0], None, tmp_path / 'too-big')

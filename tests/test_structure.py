@@ -79,6 +79,7 @@ def test_engines_and_the_node_collector_write_no_scheduler_header():
     for path in [PKG / 'launch' / 'nodes.py', *[p for p in engines if p.exists()]]:
         text = path.read_text()
         assert 'subprocess' not in text and 'sbatch_header' not in text, path
+        assert 'render_job' not in text, f"{path}: return the job's description; its caller has it rendered"
         assert "scheduler='slurm'" not in text, path
 
 
@@ -112,6 +113,7 @@ FLOORS = [
     ['nxpretrain.models', 'nxpretrain.data'],
     ['nxpretrain.clusters', 'nxpretrain.config', 'nxpretrain.recipes', 'nxpretrain.validate', 'nxpretrain.lab',
      'nxpretrain.machine', 'nxpretrain.data_paths'],
+    ['nxpretrain.jobs'],   # the job description an engine returns and a launcher renders
     ['nxpretrain.parallel'],
     ['nxpretrain.steptime', 'nxpretrain.calibration', 'nxpretrain.plan', 'nxpretrain.perf'],
     ['nxpretrain.train', 'nxpretrain.testing'],
@@ -120,18 +122,7 @@ FLOORS = [
     ['nxpretrain.stages', 'nxpretrain.trace', 'nxpretrain.measure', 'nxpretrain.evaluate', 'nxpretrain.runs',
      'nxpretrain.monitor', 'nxpretrain.cli'],
 ]
-# TODO(issue 35, item 3): `Engine.export` returns a job description (`launch.job.Job`, `launch.jobspec`) and no engine
-# writes a scheduler's header any more, but the description's types still live in `launch/`: these arrows go when they
-# move to a floor below the engines (and the native and NxDT engines read their progress without `launch.watch`)
-KNOWN_UPWARD = {('nxpretrain.engines.native.job', 'nxpretrain.launch.job'),
-                ('nxpretrain.engines.native.job', 'nxpretrain.launch.jobspec'),
-                ('nxpretrain.engines.native.job', 'nxpretrain.launch.watch'),
-                ('nxpretrain.engines.nxdt.job', 'nxpretrain.launch.job'),
-                ('nxpretrain.engines.nxdt.job', 'nxpretrain.launch.jobspec'),
-                ('nxpretrain.engines.nxdt.job', 'nxpretrain.launch.watch'),
-                ('nxpretrain.engines.megatron.job', 'nxpretrain.launch.job'),
-                ('nxpretrain.engines.megatron.job', 'nxpretrain.launch.jobspec'),
-                ('nxpretrain.engines.megatron.job', 'nxpretrain.launch.stage_path')}
+KNOWN_UPWARD: set = set()   # none left: an arrow that runs upward fails the test below
 
 
 def floor_of(module: str) -> int:
@@ -147,7 +138,7 @@ def test_every_module_stands_on_a_floor():
 
 
 def test_no_import_runs_upward_and_none_in_a_circle():
-    "errors → models, data → recipes → parallel → plan → train → engines → launch → stages, CLI, monitor."
+    "errors → models, data → recipes → jobs → parallel → plan → train → engines → launch → stages, CLI, monitor."
     from test_imports import cycles, graph
     g = graph()
     up = sorted((a, b) for a, deps in g.items() for b in deps if floor_of(b) > floor_of(a))
@@ -163,7 +154,7 @@ def test_the_engine_interface_imports_only_the_errors():
 
 ENGINE_NAMES = {'native', 'nxdt', 'megatron'}
 # a field's default names the engine a recipe (or a job written before engines were recorded) runs on
-ENGINE_NAME_DEFAULTS = {('config.py', 'engine'), ('launch/job.py', 'engine')}
+ENGINE_NAME_DEFAULTS = {('config.py', 'engine'), ('jobs/description.py', 'engine')}
 
 
 def test_no_engine_is_named_outside_the_engines():
@@ -188,8 +179,7 @@ SLURM_COMMANDS = {'squeue', 'sbatch', 'srun', 'sinfo', 'scancel', 'scontrol', 's
 SLURM_LAUNCHER = {'launch/slurm.py', 'launch/slurmcheck.py'}
 # the local test cluster is Slurm itself: it looks for Slurm's own programs to start them
 SLURM_ITSELF = {'testing/local_slurm.py'}
-# TODO: the machine report's sinfo probe moves behind the Slurm launcher, as the node view's squeue and srun did
-KNOWN_SLURM_CALLERS = {'machine.py'}
+KNOWN_SLURM_CALLERS: set = set()   # none left: the machine report is handed the Slurm launcher's sinfo answer
 
 
 def _slurm_argv(node) -> bool:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest, yaml
 from nxpretrain.engines.nxdt.job import export_nxdt
 from nxpretrain.config import from_yaml
+from nxpretrain.launch.job import export_jobs, render_jobs
 
 NXDT = 'aws-neuron/neuronx-distributed-training@9169aa0 examples/'
 # (variable, value, source): the environment train.sh exports for NxD Training
@@ -50,7 +51,7 @@ def exports_of(script: str) -> dict:
 
 def _export(d: Path, name: str):
     "(folder, jobs, YAML as a dict) of recipe `name` exported under `d`, its data folder in place."
-    jobs = export_nxdt(name, d / 'run', data_root=d / 'data')
+    jobs = render_jobs(export_nxdt(name, d / 'run', data_root=d / 'data'))
     cfg = yaml.safe_load(jobs['train'].recipe_path.read_text())
     Path(cfg['data']['train_dir']).mkdir(parents=True)
     return d, jobs, cfg
@@ -158,7 +159,7 @@ def bert(tmp_path_factory):
     from nxpretrain.engines.base import get_engine
     from nxpretrain.recipes import get_recipe
     d = tmp_path_factory.mktemp('bert')
-    return d, get_engine('native').export(get_recipe('bert_large'), d / 'run', cache_url=str(d / 'cache'))
+    return d, export_jobs(get_engine('native'), get_recipe('bert_large'), d / 'run', cache_url=str(d / 'cache'))
 
 
 def test_bert_run_script_environment_is_seed3s(bert):

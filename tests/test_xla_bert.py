@@ -99,7 +99,7 @@ def test_bert_tiny_dp2_on_xla_equals_cpu_and_resumes(xla_python, tmp_path):
     assert '= micro 2 × DP 2 × accumulation 2, 2 process(es) on xla:0' in log, log
     # one log line, the trainer's (ending `| s/step X`), which `nxpretrain watch` and the compile stage read in the
     # job's output: train.log's lines, less their time stamp
-    from nxpretrain.launch.watch import parse_progress
+    from nxpretrain.jobs.progress_line import parse_progress
     rows = [p for line in log.splitlines() if (p := parse_progress(line.split(' ', 2)[-1]))]
     assert [p['step'] for p in rows] == list(range(1, STEPS + 1)), log
     assert all(p['total'] == STEPS and p['s_per_step'] > 0 for p in rows), rows

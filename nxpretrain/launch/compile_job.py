@@ -13,13 +13,14 @@ from ..config import Recipe, override
 from ..errors import LaunchError, RecipeError
 from ..recipes import get_recipe
 from ..validate import problems
-from .job import Job, make_job, resolve_cluster
+from ..jobs.description import Job, resolve_cluster
+from .job import export_jobs, render_job, write_job
 from .launcher import get_launcher
 from .local import run_local
 from ..engines.nxdt.job import parse_compile_log
 from .watch import ProgressReader
 from ..parallel.compile import compile_cache_dir
-from .stage_path import data_root, stage_root
+from ..jobs.stage_path import data_root, stage_root
 
 # %% auto #0
 __all__ = ['CompileReport', 'memory_check', 'cache_env', 'neuron_cache_dir', 'compile_stage']
@@ -101,9 +102,9 @@ def _stage_job(rep: CompileReport, r: Recipe, prof, out_dir: Path, steps: int, e
     engine = engine_of(r)
     # the XLA path (trn1) compiles ahead of time, as every framework on Neuron devices does
     dry_run = None if prof.backend == 'xla' else engine.preflight_job(r, out_dir, steps, entry, rep.cache_env)
-    if dry_run is not None: return dry_run
+    if dry_run is not None: return write_job(render_job(dry_run))
     staged = {'data_root': str(data_root(Path(r.cluster.stage)))} if r.cluster.stage else {}   # as train's job
-    jobs = engine.export(r, out_dir, cache_url=rep.cache_env.get('NEURON_COMPILE_CACHE_URL', ''), **staged)
+    jobs = export_jobs(engine, r, out_dir, cache_url=rep.cache_env.get('NEURON_COMPILE_CACHE_URL', ''), **staged)
     if 'compile' in jobs:
         rep.mode = 'compile'
         return jobs['compile']

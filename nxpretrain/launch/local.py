@@ -10,8 +10,9 @@ from pathlib import Path
 from fastcore.basics import patch
 from ..errors import EXIT_REQUEUE, LaunchError
 from .launcher import JobState, JobStatus, Launcher, find_records, record_job, register, tail_file
-from .job import Job, export_lines, quote_argv, render_job, torchrun_argv, write_job
-from .jobspec import rendezvous_lines
+from ..jobs.description import Job, export_lines, quote_argv, torchrun_argv
+from ..jobs.jobspec import rendezvous_lines
+from .job import render_job, write_job
 
 # %% auto #0
 __all__ = ['LocalLauncher', 'run_local']

@@ -16,8 +16,8 @@ from ..errors import LaunchError
 from ..engines.base import engine_of
 from ..engines.setup import Step
 from ..engines.images import SETUP, image_command, image_of
-from .job import Job, job_name, resolve_cluster
-from .stage_path import on_stage, stage_root
+from ..jobs.description import Job, job_name, resolve_cluster
+from ..jobs.stage_path import on_stage, stage_root
 
 # %% auto #0
 __all__ = ['stage_paths', 'image_step', 'tokenizer_steps', 'setup_steps', 'probe_script', 'Probe', 'parse_probe',
@@ -190,7 +190,7 @@ def setup_check(r: Recipe, cluster=None, out_dir='runs', data_root='runs/data',
                 extra: list | None = None) -> SetupCheck:
     """What the job of `r` (on `cluster`) still lacks, judged on a node of its partition through `srun` when Slurm
     answers, else on this machine; `extra` steps are checked as well."""
-    from nxpretrain.machine import slurm_info
+    from nxpretrain.launch.slurmcheck import slurm_info
     r, prof = resolve_cluster(r, cluster)
     steps = setup_steps(r, prof, out_dir, data_root) + list(extra or [])
     probe = run_probe(steps, r.cluster.partition)

@@ -12,9 +12,10 @@ from ..errors import EXIT_REQUEUE, LaunchError, SlurmError
 from ..clusters import ClusterProfile, profile
 from .launcher import (END_STATES, JobState, JobStatus, Launcher, find_records, record_job, register,
                                         tail_file)
-from .job import Job, export_lines, plain_value, quote_argv, torchrun_argv, write_job
+from ..jobs.description import Job, export_lines, plain_value, quote_argv, torchrun_argv
+from .job import write_job
 from .slurmcheck import explain_slurm, slurm_problem
-from .jobspec import rendezvous_lines, sbatch_site_lines, srun_words
+from ..jobs.jobspec import rendezvous_lines, sbatch_site_lines, srun_words
 
 # %% auto #0
 __all__ = ['MAX_RESTARTS', 'REQUEUE_ON_FAILURE', 'sbatch_header', 'requeue_on_failure', 'step_command', 'job_state',
@@ -26,7 +27,7 @@ def sbatch_header(name, nodes, profile_: ClusterProfile, partition: str, time_li
                   site: dict | None = None) -> list[str]:
     """The `#SBATCH` lines of a job: its name, nodes, tasks, CPUs, GPUs, partition, time limit, log and requeue on
     preemption, with `signal` `signal_grace` s before the time limit (`B:USR1`: to the batch shell; `TERM`: to every
-    task of the running step), then the site's options (`nxpretrain.launch.jobspec.site_options`)."""
+    task of the running step), then the site's options (`nxpretrain.jobs.jobspec.site_options`)."""
     sb = [f"--job-name={name}", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
           f"--cpus-per-task={cpus_per_task or profile_.cpus_per_node}"]
     if exclusive: sb.append('--exclusive')

@@ -8,9 +8,10 @@ from __future__ import annotations
 import os, re, shutil, subprocess
 from pathlib import Path
 from ..errors import SlurmError
+from ..machine import SINFO_FORMAT, SlurmInfo, parse_sinfo
 
 # %% auto #0
-__all__ = ['POINT_AT_A_CLUSTER', 'explain_slurm', 'slurm_problem', 'require_slurm']
+__all__ = ['POINT_AT_A_CLUSTER', 'explain_slurm', 'slurm_problem', 'require_slurm', 'slurm_info']
 
 # %% ../../nbs/api/55_slurmcheck.ipynb #ff2b955f
 POINT_AT_A_CLUSTER = "run on the cluster's login node, or set SLURM_CONF to the cluster's slurm.conf"
@@ -51,3 +52,21 @@ def slurm_problem(env: dict | None = None, timeout: float = 10) -> str:
 def require_slurm(env: dict | None = None) -> None:
     "Raise `SlurmError` with `slurm_problem`'s line when no Slurm controller answers here."
     if why := slurm_problem(env): raise SlurmError(why)
+
+# %% ../../nbs/api/55_slurmcheck.ipynb #222850a1
+def _run(args, timeout: float) -> tuple[int, str]:
+    "Exit code and output of `args`; 124 on timeout, 127 when the program is missing."
+    try: p = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired: return 124, f"no answer within {timeout:g} s"
+    except OSError as e: return 127, str(e)
+    return p.returncode, (p.stdout if p.returncode == 0 else p.stderr or p.stdout).strip()
+
+def slurm_info(timeout: float = 2.0) -> SlurmInfo:
+    "Slurm as this machine sees it: version, nodes by partition, or why there is none."
+    if not shutil.which('sinfo'): return SlurmInfo(squeue=bool(shutil.which('squeue')))
+    rc, version = _run(['sinfo', '--version'], timeout)
+    info = SlurmInfo(version.split()[-1] if rc == 0 and version else '', squeue=bool(shutil.which('squeue')))
+    rc, out = _run(['sinfo', '-h', '-N', '-o', SINFO_FORMAT], timeout)
+    if rc == 0: info.nodes = parse_sinfo(out)
+    else: info.error = (out.splitlines() or ['sinfo failed'])[-1]
+    return info

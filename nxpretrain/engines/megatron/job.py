@@ -11,9 +11,9 @@ from ...config import Recipe
 from ...clusters import profile
 from ...models.registry import family
 from ..base import Calibration, Engine, Memory, register_engine
-from ...launch.job import Job, job_name, plain_value, render_job, resolve_cluster
-from ...launch.jobspec import covering_mounts, outside_mounts, site_options
-from ...launch.stage_path import on_stage, stage_mounts, stage_root
+from ...jobs.description import Job, job_name, plain_value, resolve_cluster
+from ...jobs.jobspec import covering_mounts, outside_mounts, site_options
+from ...jobs.stage_path import on_stage, stage_mounts, stage_root
 from ...errors import RecipeError
 from .contract import contract_problems, load_contract, megatron_script
 from .checkpoint import TRACKER, tracked_iteration
@@ -157,7 +157,7 @@ def save_interval(r: Recipe, step_seconds: float) -> int:
 
 def exit_minutes(r: Recipe, save_seconds: float) -> int | None:
     "Minutes after which Megatron-LM saves and stops, ahead of the Slurm time limit by a save and a margin."
-    from nxpretrain.launch.job import time_limit_seconds
+    from nxpretrain.jobs.description import time_limit_seconds
     limit = time_limit_seconds(r.cluster.time)
     return None if not limit else max(1, int((limit - save_seconds - 300) // 60))
 
@@ -300,8 +300,6 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
         from nxpretrain.engines.base import engine_of
         job.needs[f'{init_from}/{TRACKER}'] = 'convert the HF weights (any CPU): ' + engine_of(r).init_from_command(
             r, init_from_hf or '<the HF model folder>', init_from)
-    job = render_job(job)
-    job.script_path.write_text(job.script)
     return {'train': job}
 
 def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '', recipe: str = 'RECIPE') -> dict:

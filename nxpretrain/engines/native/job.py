@@ -13,8 +13,9 @@ from ...config import Recipe, override, to_yaml
 from ...clusters import profile
 from ...validate import validate
 from ..base import Calibration, Engine, register_engine
-from ...launch.job import Job, export_lines, job_name, make_job, plain_value, render_job, resolve_cluster
-from ...launch.jobspec import rendezvous_lines, site_options
+from ...jobs.description import Job, export_lines, job_name, plain_value, resolve_cluster, train_job
+from ...jobs.jobspec import rendezvous_lines, site_options
+from ...jobs.progress_line import parse_progress
 from ...seeds import carried_env, write_differences
 
 # %% auto #0
@@ -53,7 +54,7 @@ fi
 
 # %% ../../../nbs/api/49c_native.ipynb #a5dcacbf
 def xla_jobs(r: Recipe, prof, out: Path, sh: Path) -> dict[str, Job]:
-    "The compile and train jobs that run `sh` on every node of `r`'s cluster, as its profile's launcher writes them."
+    "The compile and train jobs that run `sh` on every node of `r`'s cluster (their profile's launcher writes them)."
     jobs = {}
     for kind in ('compile', 'train'):
         title = f"# trn1 {kind} job for recipe {r.name} on the XLA device (seed 3): {r.cluster.nodes} × {prof.name}"
@@ -63,7 +64,6 @@ def xla_jobs(r: Recipe, prof, out: Path, sh: Path) -> dict[str, Job]:
                   partition=r.cluster.partition, time=r.cluster.time, requeue=kind == 'train', scheduler=prof.scheduler,
                   node_script=sh, requeue_on='failure' if kind == 'train' else '', site=site_options(r.cluster, prof),
                   title=title.replace('\n', ' '))
-        render_job(job).script_path.write_text(job.script)
         jobs[kind] = job
     return jobs
 
@@ -126,7 +126,7 @@ def preflight_job(r: Recipe, out_dir, steps: int, entry: str, env: dict) -> Job:
     short = [f"trainer.max_steps={steps}", f"optim.warmup_steps={min(r.optim.warmup_steps, steps)}",
              'trainer.save_every=0', 'trainer.save_every_minutes=0', 'trainer.eval_every=0', 'trainer.resume=false',
              "trainer.log_every=1"]
-    return make_job(r, None, out_dir, overrides=short, entry=entry, kind='preflight', env=env)
+    return train_job(r, None, out_dir, overrides=short, entry=entry, kind='preflight', env=env)
 
 # %% ../../../nbs/api/49c_native.ipynb #bbfcf70e
 def start_from_weights(job: Job, r: Recipe, init_from, init_from_hf: str = '') -> Job:
@@ -135,8 +135,6 @@ def start_from_weights(job: Job, r: Recipe, init_from, init_from_hf: str = '') -
     job.argv = [*job.argv, '--init-from', str(init_from)]
     job.needs[f'{init_from}/step_0'] = 'convert the HF weights (any CPU): ' + engine_of(r).init_from_command(
         r, init_from_hf or '<the HF model folder>', init_from)
-    render_job(job)
-    job.script_path.write_text(job.script)
     return job
 
 # %% ../../../nbs/api/49c_native.ipynb #dba1f9f8
@@ -158,12 +156,10 @@ class NativeEngine(Engine):
             raise RecipeError(f"init_from on {prof.name}: seed 3's XLA run starts from its own init only; drop "
                               "init_from, or use engine=nxdt")
         if prof.backend == 'xla': return export_xla_dp(r, out_dir, cache_url, data_root)
-        job = make_job(r, None, out_dir, **options)
+        job = train_job(r, None, out_dir, **options)
         return {'train': start_from_weights(job, r, init_from, init_from_hf) if init_from else job}
 
-    def parse_progress(self, line: str) -> dict | None:
-        from nxpretrain.launch.watch import parse_progress
-        return parse_progress(line)
+    def parse_progress(self, line: str) -> dict | None: return parse_progress(line)
 
     @property
     def tb_tags(self) -> dict:

@@ -20,10 +20,10 @@ from .contract import EXAMPLES, NXDT, NXDT_RECIPES, differences, example_name, f
 from ..setup import Step, checkout_step, framework_checkout, venv_step
 from ...clusters import profile
 from ...models.registry import family
-from ...launch.job import Job, export_lines, plain_value, job_name, render_job, resolve_cluster
-from ...launch.jobspec import rendezvous_lines, site_options
+from ...jobs.description import Job, export_lines, plain_value, job_name, resolve_cluster
+from ...jobs.jobspec import rendezvous_lines, site_options
 from ..base import Calibration, Engine, Memory, register_engine
-from ...launch.watch import clock_seconds, metric_value
+from ...jobs.progress_line import clock_seconds, metric_value
 from ...seeds import carried_env, job_seed, seed_config, write_differences
 
 # %% auto #0
@@ -334,7 +334,6 @@ def _nxdt_jobs(r: Recipe, prof, out: Path, sh: Path, conf_path: Path, run_dir: P
                   time=r.cluster.time, requeue=kind == 'train', cpus_per_task=_SEED4_CPUS_PER_TASK, run_dir=run_dir,
                   scheduler=prof.scheduler, engine='nxdt', node_script=sh, site=site_options(r.cluster, prof),
                   requeue_on='failure' if kind == 'train' else '', title=title)
-        render_job(job).script_path.write_text(job.script)
         jobs[kind] = job
     return jobs
 
