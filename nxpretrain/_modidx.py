@@ -702,6 +702,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                        'nxpretrain/engines/megatron/job.py'),
                                                  'nxpretrain.engines.megatron.job.io_flags': ( 'api/megatron.html#io_flags',
                                                                                                'nxpretrain/engines/megatron/job.py'),
+                                                 'nxpretrain.engines.megatron.job.job_transformer_impl': ( 'api/megatron.html#job_transformer_impl',
+                                                                                                           'nxpretrain/engines/megatron/job.py'),
                                                  'nxpretrain.engines.megatron.job.layout_flags': ( 'api/megatron.html#layout_flags',
                                                                                                    'nxpretrain/engines/megatron/job.py'),
                                                  'nxpretrain.engines.megatron.job.megatron_checkout': ( 'api/megatron.html#megatron_checkout',

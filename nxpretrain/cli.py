@@ -205,7 +205,8 @@ def _convert(a):
 
 def _import_hf(a):
     from nxpretrain.convert.convert import convert
-    print(convert(a.hf_dir, 'native', a.out, src_format='hf'))         # `convert --to native` of an HF folder
+    from nxpretrain.engines.base import DEFAULT_ENGINE
+    print(convert(a.hf_dir, DEFAULT_ENGINE, a.out, src_format='hf'))   # `convert --to native` of an HF folder
 
 # %% ../nbs/api/08_cli.ipynb #cc86d02b
 def _demo(a):

@@ -15,6 +15,8 @@ from .clusters import profile
 from .plan import plan, Plan
 from .errors import LaunchError, TrainingError
 from .runs import runs_dir
+from .data_paths import data_root
+from .jobs.description import resolve_cluster
 
 # %% auto #0
 __all__ = ['where_to_train', 'Folded', 'job_summary', 'job_folder', 'train_stage', 'visible', 'logged_steps',
@@ -25,7 +27,6 @@ def where_to_train(r: Recipe, cluster: str = '', cluster_option: str = '-p clust
     """('local' | 'torchrun' | 'submit' | 'stop', reason) for recipe `r` and the `cluster` the user gave ('' = none);
     `cluster_option` is how the caller gives one (a notebook's papermill `-p cluster`, the CLI's `--cluster`)."""
     if cluster:
-        from nxpretrain.jobs.description import resolve_cluster
         return 'submit', f"submitting to {resolve_cluster(r, cluster)[1].scheduler} ({cluster})"
     prof = profile(r.cluster.profile)
     if prof.backend == 'gloo' and r.cluster.nodes == 1:
@@ -72,7 +73,6 @@ def _show_job(job, show, verb: str):
 # %% ../nbs/api/07_stages.ipynb #6aeea9c4
 def job_folder(r: Recipe, cluster: str, stage: str, to_a_cluster: bool, out_dir, on_this_machine: bool) -> tuple:
     "(recipe with its `cluster.stage`, the stage root or None, the job's own folder) of `r`'s job."
-    from nxpretrain.jobs.description import resolve_cluster
     from nxpretrain.jobs.stage_path import stage_root
     root = None if on_this_machine else stage_root(r, resolve_cluster(r, cluster or None)[1], stage, to_a_cluster)
     if root: r = override(r, f"cluster.stage={root}")
@@ -115,7 +115,6 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     action, reason = where_to_train(r, cluster, cluster_option)
     to_a_cluster = action == 'submit'                 # one that answers here: the profile's stage folder is there
     if action == 'submit' and not dry_run:            # our one line, before the scheduler's own words
-        from nxpretrain.jobs.description import resolve_cluster
         from nxpretrain.launch.launcher import launcher_for
         if why := launcher_for(resolve_cluster(r, cluster)[1]).reachable(): raise LaunchError(why)
     if dry_run:
@@ -130,8 +129,6 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
         runs = runs_dir(out_dir)
         start = {'init_from': _init_options(r, init_from, runs / r.name, True)['init_from']} if init_from else {}
         return _recorded(engine.train(r, str(runs), **start), model)
-    from nxpretrain.jobs.description import resolve_cluster
-    from nxpretrain.jobs.stage_path import data_root
     on_this_machine = action in ('local', 'torchrun')   # another engine's job, or several processes: the local launcher
     r, root, where = job_folder(r, cluster, stage, to_a_cluster, out_dir, on_this_machine)
     # the engine's job, checked against the cluster, every value quoted (where the framework compiles: 03_compile first)

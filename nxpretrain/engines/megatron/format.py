@@ -234,6 +234,7 @@ def MegatronPlanner(src, items, dtype, impl: str = 'local'):
     `impl`."""
     return _planner_class()(src, items, dtype, impl)
 
+# %% ../../../nbs/api/48b_megatron_format.ipynb #f9bcb965
 TRANSFORMER_IMPLS = ('local', 'transformer_engine')    # Megatron-LM's --transformer-impl choices (arguments.py:1002)
 
 def extra_state_keys(cfg: ModelConfig, impl: str = 'local') -> list[str]:

@@ -15,7 +15,7 @@ from ...jobs.description import Job, job_name, plain_value, resolve_cluster
 from ...jobs.jobspec import covering_mounts, outside_mounts, site_options
 from ...jobs.stage_path import on_stage, stage_mounts, stage_root
 from ...errors import RecipeError
-from .contract import contract_problems, load_contract, megatron_script
+from .contract import contract_problems, load_contract, megatron_script, read_flags
 from .checkpoint import TRACKER, tracked_iteration
 from ..images import image_hint
 from ..setup import Step, checkout_step, framework_checkout
@@ -27,7 +27,7 @@ __all__ = ['RECOMPUTE_MODULES', 'SEED2_CHECKPOINT_FLAGS', 'RANK_SH', 'UNFINISHED
            'parse_megatron_line', 'megatron_checkpoints', 'megatron_memory', 'megatron_problems', 'model_flags',
            'layout_flags', 'training_flags', 'save_interval', 'exit_minutes', 'hf_tokenizer_dir', 'io_flags',
            'flag_lines', 'megatron_paths', 'megatron_job', 'mount_problems', 'planned_seconds', 'export_megatron',
-           'megatron_needs', 'megatron_checkout', 'megatron_setup_steps', 'MegatronEngine']
+           'megatron_needs', 'megatron_checkout', 'megatron_setup_steps', 'job_transformer_impl', 'MegatronEngine']
 
 # %% ../../../nbs/api/52b_megatron.ipynb #77abbaa7
 _ITERATION = re.compile(r'iteration\s+(\d+)/\s*(\d+)\s*\|')
@@ -328,6 +328,12 @@ def megatron_setup_steps(recipe: Recipe, paths: dict) -> list[Step]:
     return [checkout_step(megatron_checkout(), Path(paths['job']) / 'Megatron-LM')]
 
 # %% ../../../nbs/api/52b_megatron.ipynb #2a5b630f
+def job_transformer_impl() -> dict:
+    """The spec the job's Megatron-LM builds, as convert's option: the job sets no --transformer-impl, so its default
+    (TransformerEngine, whose `_extra_state` keys the save must hold)."""
+    return dict(transformer_impl=load_contract()['flags']['transformer-impl']['default'])
+
+# %% ../../../nbs/api/52b_megatron.ipynb #2aa4108a
 @register_engine
 class MegatronEngine(Engine):
     "Megatron-LM at seed 2's commit: `pretrain_gpt.py` under Slurm and pyxis, in NVIDIA's PyTorch container."
@@ -344,7 +350,6 @@ class MegatronEngine(Engine):
         return export_megatron(recipe, out_dir, cluster, **options)
 
     def check(self, jobs: dict) -> list[str]:
-        from nxpretrain.engines.megatron.contract import read_flags
         job = jobs['train']
         flags = [(k, *v) for k, v in read_flags(job.out_dir / 'megatron.args').items()]
         return (contract_problems(job.out_dir / 'megatron.args', job.nodes * job.devices_per_node, job.script)
@@ -371,11 +376,7 @@ class MegatronEngine(Engine):
         from nxpretrain.engines.megatron.format import write_megatron
         return write_megatron(source, out, tp, pp, dtype, transformer_impl)
 
-    def convert_options(self, recipe) -> dict:
-        """The spec the job's Megatron-LM builds: the job sets no --transformer-impl, so its default (TransformerEngine,
-        whose `_extra_state` keys the save must hold)."""
-        from nxpretrain.engines.megatron.contract import load_contract
-        return dict(transformer_impl=load_contract()['flags']['transformer-impl']['default'])
+    def convert_options(self, recipe) -> dict: return job_transformer_impl()
 
     def convert_flags(self, recipe) -> list[str]:
         return ['--transformer-impl', self.convert_options(recipe)['transformer_impl']]
@@ -387,9 +388,7 @@ class MegatronEngine(Engine):
     def calibration(self, device: str):
         from nxpretrain.steptime import fitted
         h100 = fitted(self.framework, 'h100')
-        return fitted(self.framework, device) or Calibration(
-            h100.achievable, f"no published {device} run: {h100.basis}"
-        )
+        return fitted(self.framework, device) or Calibration(h100.achievable, f"no published {device}: {h100.basis}")
 
     def memory(self, recipe, dp: int): return megatron_memory(recipe, dp)
 

@@ -195,8 +195,7 @@ class NativeEngine(Engine):
         return engine_memory(recipe, dp)
 
     def checkpoint_bytes_per_parameter(self, recipe) -> int:
-        """fp32 weights and two fp32 moments: autocast makes bf16 copies on the fly, and the XLA step (trn1) in bf16
-        saves its fp32 master copy as the weights (its bf16 weights are their rounding)."""
+        "fp32 weights and two moments (autocast's bf16 copies are made on the fly; trn1's XLA step saves fp32 masters)."
         return 12
 
 # %% ../../../nbs/api/49c_native.ipynb #c2b070cb
