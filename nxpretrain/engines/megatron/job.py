@@ -387,8 +387,8 @@ class MegatronEngine(Engine):
 
     def calibration(self, device: str):
         from nxpretrain.steptime import fitted
-        h100 = fitted(self.framework, 'h100')
-        return fitted(self.framework, device) or Calibration(h100.achievable, f"no published {device}: {h100.basis}")
+        ref = fitted(self.framework, 'h100')
+        return fitted(self.framework, device) or Calibration(ref.achievable, f"no published {device} run: {ref.basis}")
 
     def memory(self, recipe, dp: int): return megatron_memory(recipe, dp)
 
