@@ -77,6 +77,67 @@ class Plan:
     @property
     def fits(self): return self.memory.total / GiB <= self.device_gib
 
+# %% ../nbs/api/02_plan.ipynb #b0d31bcf
+def _advice(r: Recipe, mem: Memory, device_gib: float) -> list[str]:
+    if mem.total / GiB <= device_gib: return []
+    p, out = r.parallel, []
+    if not (p.zero1 or p.fsdp): out.append("shard the optimizer state: parallel.zero1=true (or parallel.fsdp=true)")
+    if p.activation_checkpointing == 'none':
+        out.append("recompute activations: parallel.activation_checkpointing=selective "
+                   "parallel.checkpoint_modules=[attention]")
+    elif p.activation_checkpointing == 'selective':
+        out.append("recompute whole layers: parallel.activation_checkpointing=full")
+    if r.data.micro_batch > 1: out.append(f"lower data.micro_batch (now {r.data.micro_batch})")
+    out.append(f"or spread the model: raise parallel.pp (now {p.pp}) or parallel.tp (now {p.tp}) – memory scales with "
+               "1/(TP·PP)")
+    return out
+
+def published_steps(r: Recipe, comm: dict, dp: int) -> list[tuple]:
+    "(anchor, modelled seconds) for each published step time of `r`, at the fit of the framework that published it."
+    prof = profile(r.cluster.profile)
+    lp = layer_parameters(r.model)
+    return [(a, step_time(r, comm, lp, FITS[a.framework, a.device], prof, dp, a.overlapped).total)
+            for a in published(r.name)]
+
+# what makes a run the run it is, for its step time: model, layout, batch and cluster
+_RUN_SECTIONS, _RUN_FIELDS = ('model', 'parallel'), ('data.global_batch', 'data.micro_batch', 'cluster.profile',
+                                                     'cluster.nodes')
+
+def _run_fields(r: Recipe) -> dict:
+    "{dotted key: value} of `r`'s model, layout, batch and cluster."
+    out = {f"{s}.{k}": v for s in _RUN_SECTIONS for k, v in asdict(getattr(r, s)).items()}
+    return out | {k: recipe_value(r, k) for k in _RUN_FIELDS}
+
+def differs_from_published(r: Recipe, world: int | None = None) -> list[str]:
+    "How `r` (on `world` devices) is not the catalog recipe of its name, whose runs are published: [] when it is."
+    if not published(r.name): return []
+    base = get_recipe(r.name)
+    ours, theirs = _run_fields(r), _run_fields(base)
+    out = [f"{k} {ours[k]} here, {theirs[k]} there" for k in ours if ours[k] != theirs[k]]
+    if world and world != world_size(r): out.append(f"{world} devices here, {world_size(base)} there")
+    return out
+
+def device_memory_gib(prof, processes: int) -> float:
+    """Memory per device of profile `prof`: on this machine (the `local` profile, a device a process) its RAM shared by
+    the `processes` the layout runs here; a cluster profile's own figure."""
+    if prof.name != 'local': return prof.device_gib
+    ram = host_info()['ram_gib']                       # /proc/meminfo's MemTotal; None off Linux
+    return ram / max(processes, 1) if ram else prof.device_gib
+
+def plan(r: Recipe | str, world: int | None = None, calibration=None) -> Plan:
+    """Plan recipe `r` (a Recipe or catalog name) on its cluster, or on `world` devices, as its engine runs it;
+    `calibration` (a `nxpretrain.engines.base.Calibration`) replaces the engine's fraction of peak to ask "what if"."""
+    r = get_recipe(r) if isinstance(r, str) else r
+    prof, engine = profile(r.cluster.profile), engine_of(r)
+    world = world or world_size(r)
+    dp = max(data_parallel_size(r, world), 1)
+    mem, st = memory_per_device(r, dp), engine_step_time(r, engine, dp, calibration)
+    device_gib = device_memory_gib(prof, world)
+    return Plan(r, engine.framework, world, dp, model_parameters(r.model, padded_vocab(r.model, r.parallel.tp)), mem,
+                device_gib, st.total, r.data.global_batch * r.model.seq_len, checkpoint_bytes(r),
+                checkpoint_write_seconds(r), problems(r, world), _advice(r, mem, device_gib), st,
+                published_steps(r, communication_bytes(r, dp), dp), differs_from_published(r, world))
+
 # %% ../nbs/api/02_plan.ipynb #009a2a60
 def _layout_text(p, dp: int) -> str:
     extras = [name for on, name in ((p.sequence_parallel, 'SP'), (p.zero1, 'ZeRO-1'), (p.fsdp, 'FSDP')) if on]
@@ -91,6 +152,11 @@ def _memory_text(m: Memory, device_gib: float, fits: bool) -> str:
             + ('' if fits else '  ← does not fit'))
 
 def _bytes_text(n: float) -> str: return f"{n / 2**40:.3g} TiB" if n > 2**40 else f"{n / 2**30:.3g} GiB"
+
+def _human(n: float) -> str:
+    for unit, div in (('T', 1e12), ('B', 1e9), ('M', 1e6), ('K', 1e3)):
+        if n >= div: return f"{n / div:.3g}{unit}"
+    return f"{n:g}"
 
 @patch
 def rows(self: Plan) -> list[tuple[str, str]]:
@@ -159,72 +225,6 @@ def _step_dict(st) -> dict | None:
             for l in st.links}
     return dict(compute=st.compute, bubble=st.bubble, device=st.device.kind, achievable=st.achievable,
                 basis=st.calibration.basis, flops=st.flops, comm=comm)
-
-def _human(n: float) -> str:
-    for unit, div in (('T', 1e12), ('B', 1e9), ('M', 1e6), ('K', 1e3)):
-        if n >= div: return f"{n / div:.3g}{unit}"
-    return f"{n:g}"
-
-# %% ../nbs/api/02_plan.ipynb #b0d31bcf
-def _advice(r: Recipe, mem: Memory, device_gib: float) -> list[str]:
-    if mem.total / GiB <= device_gib: return []
-    p, out = r.parallel, []
-    if not (p.zero1 or p.fsdp): out.append("shard the optimizer state: parallel.zero1=true (or parallel.fsdp=true)")
-    if p.activation_checkpointing == 'none':
-        out.append("recompute activations: parallel.activation_checkpointing=selective "
-                   "parallel.checkpoint_modules=[attention]")
-    elif p.activation_checkpointing == 'selective':
-        out.append("recompute whole layers: parallel.activation_checkpointing=full")
-    if r.data.micro_batch > 1: out.append(f"lower data.micro_batch (now {r.data.micro_batch})")
-    out.append(f"or spread the model: raise parallel.pp (now {p.pp}) or parallel.tp (now {p.tp}) – memory scales with "
-               "1/(TP·PP)")
-    return out
-
-def published_steps(r: Recipe, comm: dict, dp: int) -> list[tuple]:
-    "(anchor, modelled seconds) for each published step time of `r`, at the fit of the framework that published it."
-    prof = profile(r.cluster.profile)
-    lp = layer_parameters(r.model)
-    return [(a, step_time(r, comm, lp, FITS[a.framework, a.device], prof, dp, a.overlapped).total)
-            for a in published(r.name)]
-
-# what makes a run the run it is, for its step time: model, layout, batch and cluster
-_RUN_SECTIONS, _RUN_FIELDS = ('model', 'parallel'), ('data.global_batch', 'data.micro_batch', 'cluster.profile',
-                                                     'cluster.nodes')
-
-def _run_fields(r: Recipe) -> dict:
-    "{dotted key: value} of `r`'s model, layout, batch and cluster."
-    out = {f"{s}.{k}": v for s in _RUN_SECTIONS for k, v in asdict(getattr(r, s)).items()}
-    return out | {k: recipe_value(r, k) for k in _RUN_FIELDS}
-
-def differs_from_published(r: Recipe, world: int | None = None) -> list[str]:
-    "How `r` (on `world` devices) is not the catalog recipe of its name, whose runs are published: [] when it is."
-    if not published(r.name): return []
-    base = get_recipe(r.name)
-    ours, theirs = _run_fields(r), _run_fields(base)
-    out = [f"{k} {ours[k]} here, {theirs[k]} there" for k in ours if ours[k] != theirs[k]]
-    if world and world != world_size(r): out.append(f"{world} devices here, {world_size(base)} there")
-    return out
-
-def device_memory_gib(prof, processes: int) -> float:
-    """Memory per device of profile `prof`: on this machine (the `local` profile, a device a process) its RAM shared by
-    the `processes` the layout runs here; a cluster profile's own figure."""
-    if prof.name != 'local': return prof.device_gib
-    ram = host_info()['ram_gib']                       # /proc/meminfo's MemTotal; None off Linux
-    return ram / max(processes, 1) if ram else prof.device_gib
-
-def plan(r: Recipe | str, world: int | None = None, calibration=None) -> Plan:
-    """Plan recipe `r` (a Recipe or catalog name) on its cluster, or on `world` devices, as its engine runs it;
-    `calibration` (a `nxpretrain.engines.base.Calibration`) replaces the engine's fraction of peak to ask "what if"."""
-    r = get_recipe(r) if isinstance(r, str) else r
-    prof, engine = profile(r.cluster.profile), engine_of(r)
-    world = world or world_size(r)
-    dp = max(data_parallel_size(r, world), 1)
-    mem, st = memory_per_device(r, dp), engine_step_time(r, engine, dp, calibration)
-    device_gib = device_memory_gib(prof, world)
-    return Plan(r, engine.framework, world, dp, model_parameters(r.model, padded_vocab(r.model, r.parallel.tp)), mem,
-                device_gib, st.total, r.data.global_batch * r.model.seq_len, checkpoint_bytes(r),
-                checkpoint_write_seconds(r), problems(r, world), _advice(r, mem, device_gib), st,
-                published_steps(r, communication_bytes(r, dp), dp), differs_from_published(r, world))
 
 # %% ../nbs/api/02_plan.ipynb #9384dc74
 def layout_options(r: Recipe | str, world: int | None = None, top: int = 8) -> list[dict]:

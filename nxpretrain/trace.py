@@ -64,6 +64,25 @@ def group_dims(st) -> dict:
     name = lambda d: 'dp' if d == 'dp_cp' and st.cp == 1 else d
     return {st.group(d).group_name: name(d) for d in MESH_GROUPS if st.size(d) > 1}
 
+# %% ../nbs/api/36_trace.ipynb #d4e843f6
+def _nbytes(x) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor))
+
+def _collective_ops() -> dict:
+    "{op: which argument holds the payload} for the collectives the engine issues."
+    c, f = torch.ops.c10d, torch.ops._c10d_functional
+    return {c.allreduce_.default: 0, c.broadcast_.default: 0, c.send.default: 0, c.recv_.default: 0,
+            c.allgather_.default: 0, c._allgather_base_.default: 0, c.reduce_scatter_.default: 1,
+            c._reduce_scatter_base_.default: 1, c.alltoall_base_.default: 1,
+            f.all_reduce.default: 0, f.all_reduce_.default: 0, f.broadcast.default: 0,
+            f.all_gather_into_tensor.default: 'out', f.reduce_scatter_tensor.default: 0, f.all_to_all_single.default: 0}
+
+_COLLECTIVES = _collective_ops()
+
+def _payload(func, args, out) -> int:
+    where = _COLLECTIVES[func]
+    return _nbytes(out) if where == 'out' else _nbytes(args[where])
+
 # %% ../nbs/api/36_trace.ipynb #85167fac
 class StepTracker(TorchDispatchMode):
     "Live, peak and activation bytes, and the collectives of the ops dispatched under it (use inside `FakeTensorMode`)."
@@ -110,25 +129,6 @@ class StepTracker(TorchDispatchMode):
         name = CollectiveOp.get_process_group(func, args).group_name
         n = _payload(func, args, out)
         self.collectives.append((func._opname.rstrip('_'), self.dims.get(name, 'world'), n * self.scale, self.scale))
-
-# %% ../nbs/api/36_trace.ipynb #d4e843f6
-def _nbytes(x) -> int:
-    return sum(t.numel() * t.element_size() for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor))
-
-def _collective_ops() -> dict:
-    "{op: which argument holds the payload} for the collectives the engine issues."
-    c, f = torch.ops.c10d, torch.ops._c10d_functional
-    return {c.allreduce_.default: 0, c.broadcast_.default: 0, c.send.default: 0, c.recv_.default: 0,
-            c.allgather_.default: 0, c._allgather_base_.default: 0, c.reduce_scatter_.default: 1,
-            c._reduce_scatter_base_.default: 1, c.alltoall_base_.default: 1,
-            f.all_reduce.default: 0, f.all_reduce_.default: 0, f.broadcast.default: 0,
-            f.all_gather_into_tensor.default: 'out', f.reduce_scatter_tensor.default: 0, f.all_to_all_single.default: 0}
-
-_COLLECTIVES = _collective_ops()
-
-def _payload(func, args, out) -> int:
-    where = _COLLECTIVES[func]
-    return _nbytes(out) if where == 'out' else _nbytes(args[where])
 
 # %% ../nbs/api/36_trace.ipynb #9c1905b7
 def static_pipeline(pm, mb_tokens: torch.Tensor):

@@ -12,7 +12,36 @@ from ..errors import DataError
 from .corpus import write_jsonl
 
 # %% auto #0
-__all__ = ['fetch_file', 'export_hf_dataset', 'serve_directory']
+__all__ = ['serve_directory', 'fetch_file', 'export_hf_dataset']
+
+# %% ../../nbs/api/15_download.ipynb #3bc42406
+def serve_directory(directory: str | Path, drop_after: int | None = None, honour_range: bool = True):
+    """Start a threaded HTTP server for `directory` (test fixture); `drop_after` bytes closes the first response early.
+    Returns (server, base_url)."""
+    import http.server, threading, functools
+    state, requests = {'dropped': False}, []
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def do_GET(self):
+            requests.append((self.path, self.headers.get('Range')))
+            p = Path(self.translate_path(self.path))
+            if not p.is_file(): return self.send_error(404)
+            data = p.read_bytes()
+            rng = self.headers.get('Range')
+            start = int(rng.split('=')[1].split('-')[0]) if rng and honour_range else 0
+            if start >= len(data) and start: return self.send_error(416)
+            self.send_response(206 if start else 200)
+            self.send_header('Content-Length', str(len(data) - start))
+            self.end_headers()
+            body = data[start:]
+            if drop_after is not None and not state['dropped']:
+                state['dropped'] = True
+                body = body[:drop_after]
+            self.wfile.write(body)
+    srv = http.server.ThreadingHTTPServer(('127.0.0.1', 0), functools.partial(Handler, directory=str(directory)))
+    srv.requests = requests   # (path, Range header) of every request
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f'http://127.0.0.1:{srv.server_address[1]}/'
 
 # %% ../../nbs/api/15_download.ipynb #3b80cffc
 def _sha256_prefix(path: Path, h) -> None:
@@ -76,32 +105,3 @@ def export_hf_dataset(name: str, config: str | None, dest: str | Path, split: st
         raise DataError(f'{name}: install `datasets` to read HF datasets (pip install datasets)') from None
     ds = datasets.load_dataset(name, config, split=split)
     return write_jsonl((r[key] for r in ds), dest, key)
-
-# %% ../../nbs/api/15_download.ipynb #3bc42406
-def serve_directory(directory: str | Path, drop_after: int | None = None, honour_range: bool = True):
-    """Start a threaded HTTP server for `directory` (test fixture); `drop_after` bytes closes the first response early.
-    Returns (server, base_url)."""
-    import http.server, threading, functools
-    state, requests = {'dropped': False}, []
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *a): pass
-        def do_GET(self):
-            requests.append((self.path, self.headers.get('Range')))
-            p = Path(self.translate_path(self.path))
-            if not p.is_file(): return self.send_error(404)
-            data = p.read_bytes()
-            rng = self.headers.get('Range')
-            start = int(rng.split('=')[1].split('-')[0]) if rng and honour_range else 0
-            if start >= len(data) and start: return self.send_error(416)
-            self.send_response(206 if start else 200)
-            self.send_header('Content-Length', str(len(data) - start))
-            self.end_headers()
-            body = data[start:]
-            if drop_after is not None and not state['dropped']:
-                state['dropped'] = True
-                body = body[:drop_after]
-            self.wfile.write(body)
-    srv = http.server.ThreadingHTTPServer(('127.0.0.1', 0), functools.partial(Handler, directory=str(directory)))
-    srv.requests = requests   # (path, Range header) of every request
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, f'http://127.0.0.1:{srv.server_address[1]}/'

@@ -22,7 +22,7 @@ from .cuts import encode_whole
 # %% auto #0
 __all__ = ['CORPORA', 'STAGES', 'encode_documents', 'TokenizeTask', 'run_task', 'tokenize_files', 'record', 'done',
            'read_manifest', 'CorpusRecipe', 'corpora_file', 'load_corpora', 'corpus_dir', 'stage_units', 'unit_prefix',
-           'run_stage', 'slurm_task', 'array_plan', 'get_recipe_corpus', 'prepare', 'prepare_demo', 'prepared_prefix',
+           'run_stage', 'get_recipe_corpus', 'slurm_task', 'array_plan', 'prepare', 'prepare_demo', 'prepared_prefix',
            'ensure_dataset', 'main']
 
 # %% ../../nbs/api/14_prepare.ipynb #25acc0a5
@@ -305,6 +305,15 @@ def run_stage(
         out.append(done(cdir, name))
     return out
 
+# %% ../../nbs/api/14_prepare.ipynb #43db1a28
+def get_recipe_corpus(corpus: str, base_url: str | None = None) -> CorpusRecipe:
+    "A catalog corpus recipe (optionally with another base_url, e.g. a mirror or a test server)."
+    if corpus not in CORPORA:
+        raise DataError(f'corpus {corpus!r}: not in the catalog {sorted(CORPORA)}; give a .jsonl path or a .bin/.idx '
+                        'prefix instead')
+    r = CORPORA[corpus]
+    return r if base_url is None else CorpusRecipe(**{**asdict(r), 'base_url': base_url})
+
 # %% ../../nbs/api/14_prepare.ipynb #3439bc31
 def slurm_task(env=None) -> tuple[int, int]:
     "(worker id, number of workers) from the Slurm array variables (0, 1 outside Slurm)."
@@ -323,15 +332,6 @@ def array_plan(corpus: str) -> dict:
     "Units (= array tasks) of each stage of a catalog corpus."
     r = get_recipe_corpus(corpus)
     return {s: len(stage_units(r, s)) for s in STAGES if stage_units(r, s)}
-
-# %% ../../nbs/api/14_prepare.ipynb #43db1a28
-def get_recipe_corpus(corpus: str, base_url: str | None = None) -> CorpusRecipe:
-    "A catalog corpus recipe (optionally with another base_url, e.g. a mirror or a test server)."
-    if corpus not in CORPORA:
-        raise DataError(f'corpus {corpus!r}: not in the catalog {sorted(CORPORA)}; give a .jsonl path or a .bin/.idx '
-                        'prefix instead')
-    r = CORPORA[corpus]
-    return r if base_url is None else CorpusRecipe(**{**asdict(r), 'base_url': base_url})
 
 # %% ../../nbs/api/14_prepare.ipynb #aaa68561
 def prepare(corpus: str | CorpusRecipe, # a catalog name (demo, wikipedia, pile, …) or a .jsonl/.jsonl.zst path

@@ -266,9 +266,53 @@ class Trainer:
                  f"{self.n_world} process(es) on {self.st.torch_device}")
         return self
 
-# %% ../../nbs/api/43_trainer.ipynb #e7543cc7
+# %% ../../nbs/api/43_trainer.ipynb #59f53d73
 from fastcore.basics import patch
 
+@patch
+def session(self: Trainer):
+    "The process group and mesh of the run (`parallel_session`): what `start` gets as `state`."
+    from nxpretrain.parallel.state import parallel_session
+    return parallel_session(self.recipe)
+
+@patch
+def build_model(self: Trainer):
+    "This rank's `ParallelModel` on the mesh `self.st`, initialised from `trainer.seed` identically under any layout."
+    if self.st.device == 'xla':
+        from nxpretrain.train.xla_model import build_xla_model
+        return build_xla_model(self.recipe, self.st)
+    from nxpretrain.parallel.parallelize import build_parallel_model
+    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel
+    return build_parallel_model(self.recipe, self.st, seed=self.recipe.trainer.seed)
+
+@patch
+def peak_tflops(self: Trainer) -> float:
+    "The matmul peak of this process's device that the MFU figure divides by (measured once per process)."
+    from nxpretrain.perf import peak_tflops
+    from nxpretrain.clusters import profile
+    if self.st.device == 'xla': return profile(self.recipe.cluster.profile).device_tflops
+    return peak_tflops(self.recipe.parallel.precision, self.st.torch_device.type)
+
+# %% ../../nbs/api/43_trainer.ipynb #552c8728
+@patch
+def check_disk(self: Trainer):
+    "Stop (or warn, `trainer.low_disk=warn`) when the checkpoint folder has no room for the checkpoints of this run."
+    from nxpretrain.errors import CheckpointError
+    from nxpretrain.plan import checkpoint_bytes
+    from nxpretrain.train.checkpoint import broadcast_object
+    from nxpretrain.train.disk import checkpoints_held, room_for_checkpoints
+    tr = self.recipe.trainer
+    if not (tr.save_every or tr.save_every_minutes): return
+    problem = None
+    if self.is_main:
+        held = checkpoints_held(tr.keep_last, tr.save_every, self.max_steps)
+        problem = room_for_checkpoints(self.run_dir / 'checkpoints', checkpoint_bytes(self.recipe), held)
+    problem = broadcast_object(problem)   # every rank stops, or none
+    if problem is None: return
+    if tr.low_disk == 'stop': raise CheckpointError(f"{problem}, or set trainer.low_disk=warn to start anyway")
+    self.log(f"warning: {problem} (trainer.low_disk=warn: starting anyway)")
+
+# %% ../../nbs/api/43_trainer.ipynb #e7543cc7
 @patch
 def step(self: Trainer, stop) -> tuple:
     """One optimizer step, the model's `train_step`: (loss, grad norm, lr, whether a stop was signalled, whether a
@@ -434,50 +478,6 @@ def finish(self: Trainer) -> TrainResult:
     self.scalars.close(step=res.final_step, stopped=res.stopped, exit_code=res.exit_code,
                        loss=res.losses[-1] if res.losses else None, tokens_per_s=round(res.tokens_per_s, 1))
     return res
-
-# %% ../../nbs/api/43_trainer.ipynb #59f53d73
-@patch
-def session(self: Trainer):
-    "The process group and mesh of the run (`parallel_session`): what `start` gets as `state`."
-    from nxpretrain.parallel.state import parallel_session
-    return parallel_session(self.recipe)
-
-@patch
-def build_model(self: Trainer):
-    "This rank's `ParallelModel` on the mesh `self.st`, initialised from `trainer.seed` identically under any layout."
-    if self.st.device == 'xla':
-        from nxpretrain.train.xla_model import build_xla_model
-        return build_xla_model(self.recipe, self.st)
-    from nxpretrain.parallel.parallelize import build_parallel_model
-    import nxpretrain.train.step  # noqa: F401 – the step methods of ParallelModel
-    return build_parallel_model(self.recipe, self.st, seed=self.recipe.trainer.seed)
-
-@patch
-def peak_tflops(self: Trainer) -> float:
-    "The matmul peak of this process's device that the MFU figure divides by (measured once per process)."
-    from nxpretrain.perf import peak_tflops
-    from nxpretrain.clusters import profile
-    if self.st.device == 'xla': return profile(self.recipe.cluster.profile).device_tflops
-    return peak_tflops(self.recipe.parallel.precision, self.st.torch_device.type)
-
-# %% ../../nbs/api/43_trainer.ipynb #552c8728
-@patch
-def check_disk(self: Trainer):
-    "Stop (or warn, `trainer.low_disk=warn`) when the checkpoint folder has no room for the checkpoints of this run."
-    from nxpretrain.errors import CheckpointError
-    from nxpretrain.plan import checkpoint_bytes
-    from nxpretrain.train.checkpoint import broadcast_object
-    from nxpretrain.train.disk import checkpoints_held, room_for_checkpoints
-    tr = self.recipe.trainer
-    if not (tr.save_every or tr.save_every_minutes): return
-    problem = None
-    if self.is_main:
-        held = checkpoints_held(tr.keep_last, tr.save_every, self.max_steps)
-        problem = room_for_checkpoints(self.run_dir / 'checkpoints', checkpoint_bytes(self.recipe), held)
-    problem = broadcast_object(problem)   # every rank stops, or none
-    if problem is None: return
-    if tr.low_disk == 'stop': raise CheckpointError(f"{problem}, or set trainer.low_disk=warn to start anyway")
-    self.log(f"warning: {problem} (trainer.low_disk=warn: starting anyway)")
 
 # %% ../../nbs/api/43_trainer.ipynb #d0ee4f28
 def train(
