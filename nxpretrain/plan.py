@@ -6,8 +6,8 @@ GPU or cluster needed (parameters are counted on a `meta` model)."""
 # %% ../nbs/api/02_plan.ipynb #e4756f37
 from __future__ import annotations
 import math
-from dataclasses import asdict, dataclass, field
-from .config import Recipe, data_parallel_size, recipe_value, world_size
+from dataclasses import dataclass, field
+from .config import Recipe, data_parallel_size, world_size
 from .models.args import ModelConfig, padded_vocab
 from .models.parameters import layer_parameters, model_parameters
 from .validate import problems
@@ -16,13 +16,12 @@ from .clusters import profile
 from .machine import host_info
 from .models.registry import family
 from .engines.base import GiB, Memory, engine_of
-from .steptime import FITS, communication_bytes, engine_step_time, step_time, published
+from .steptime import communication_bytes, engine_step_time, differs_from_published, published_steps
 from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['flops_per_token', 'memory_per_device', 'checkpoint_bytes_per_parameter', 'checkpoint_bytes',
-           'checkpoint_write_seconds', 'Plan', 'published_steps', 'differs_from_published', 'device_memory_gib', 'plan',
-           'layout_options']
+           'checkpoint_write_seconds', 'Plan', 'device_memory_gib', 'plan', 'layout_options']
 
 # %% ../nbs/api/02_plan.ipynb #42d86a03
 def flops_per_token(m: ModelConfig, vocab: int | None = None, causal: bool | None = None) -> float:
@@ -90,31 +89,6 @@ def _advice(r: Recipe, mem: Memory, device_gib: float) -> list[str]:
     if r.data.micro_batch > 1: out.append(f"lower data.micro_batch (now {r.data.micro_batch})")
     out.append(f"or spread the model: raise parallel.pp (now {p.pp}) or parallel.tp (now {p.tp}) – memory scales with "
                "1/(TP·PP)")
-    return out
-
-def published_steps(r: Recipe, comm: dict, dp: int) -> list[tuple]:
-    "(anchor, modelled seconds) for each published step time of `r`, at the fit of the framework that published it."
-    prof = profile(r.cluster.profile)
-    lp = layer_parameters(r.model)
-    return [(a, step_time(r, comm, lp, FITS[a.framework, a.device], prof, dp, a.overlapped).total)
-            for a in published(r.name)]
-
-# what makes a run the run it is, for its step time: model, layout, batch and cluster
-_RUN_SECTIONS, _RUN_FIELDS = ('model', 'parallel'), ('data.global_batch', 'data.micro_batch', 'cluster.profile',
-                                                     'cluster.nodes')
-
-def _run_fields(r: Recipe) -> dict:
-    "{dotted key: value} of `r`'s model, layout, batch and cluster."
-    out = {f"{s}.{k}": v for s in _RUN_SECTIONS for k, v in asdict(getattr(r, s)).items()}
-    return out | {k: recipe_value(r, k) for k in _RUN_FIELDS}
-
-def differs_from_published(r: Recipe, world: int | None = None) -> list[str]:
-    "How `r` (on `world` devices) is not the catalog recipe of its name, whose runs are published: [] when it is."
-    if not published(r.name): return []
-    base = get_recipe(r.name)
-    ours, theirs = _run_fields(r), _run_fields(base)
-    out = [f"{k} {ours[k]} here, {theirs[k]} there" for k in ours if ours[k] != theirs[k]]
-    if world and world != world_size(r): out.append(f"{world} devices here, {world_size(base)} there")
     return out
 
 def device_memory_gib(prof, processes: int) -> float:

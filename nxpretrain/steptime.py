@@ -6,9 +6,9 @@ each link leaves exposed, and the pipeline bubble – calibrated on published ru
 # %% ../nbs/api/02b_steptime.ipynb #41adad46
 from __future__ import annotations
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from .config import Recipe, data_parallel_size
+from .config import Recipe, data_parallel_size, recipe_value, world_size
 from .recipes import get_recipe
 from .models.args import padded_vocab
 import yaml
@@ -22,7 +22,8 @@ from .engines.base import Calibration
 # %% auto #0
 __all__ = ['DEVICES', 'PROFILE_DEVICE', 'FITS', 'ANCHORS', 'Device', 'device_of', 'anchors_file', 'fitted',
            'block_flops', 'micro_batches', 'rank_flops', 'sp_block_transfers', 'Link', 'links', 'communication_bytes',
-           'StepTime', 'step_time', 'engine_step_time', 'Anchor', 'published']
+           'StepTime', 'step_time', 'engine_step_time', 'Anchor', 'published', 'published_steps',
+           'differs_from_published']
 
 # %% ../nbs/api/02b_steptime.ipynb #7aa52687
 @dataclass(frozen=True)
@@ -311,3 +312,29 @@ ANCHORS: list[Anchor] = [
 def published(name: str) -> list[Anchor]:
     "The anchors that publish a step time for catalog recipe `name` as it stands (each by its own framework)."
     return [a for a in ANCHORS if a.recipe == name and not a.overrides]
+
+# %% ../nbs/api/02b_steptime.ipynb #b7116708
+def published_steps(r: Recipe, comm: dict, dp: int) -> list[tuple]:
+    "(anchor, modelled seconds) for each published step time of `r`, at the fit of the framework that published it."
+    prof = profile(r.cluster.profile)
+    lp = layer_parameters(r.model)
+    return [(a, step_time(r, comm, lp, FITS[a.framework, a.device], prof, dp, a.overlapped).total)
+            for a in published(r.name)]
+
+# what makes a run the run it is, for its step time: model, layout, batch and cluster
+_RUN_SECTIONS, _RUN_FIELDS = ('model', 'parallel'), ('data.global_batch', 'data.micro_batch', 'cluster.profile',
+                                                     'cluster.nodes')
+
+def _run_fields(r: Recipe) -> dict:
+    "{dotted key: value} of `r`'s model, layout, batch and cluster."
+    out = {f"{s}.{k}": v for s in _RUN_SECTIONS for k, v in asdict(getattr(r, s)).items()}
+    return out | {k: recipe_value(r, k) for k in _RUN_FIELDS}
+
+def differs_from_published(r: Recipe, world: int | None = None) -> list[str]:
+    "How `r` (on `world` devices) is not the catalog recipe of its name, whose runs are published: [] when it is."
+    if not published(r.name): return []
+    base = get_recipe(r.name)
+    ours, theirs = _run_fields(r), _run_fields(base)
+    out = [f"{k} {ours[k]} here, {theirs[k]} there" for k in ours if ours[k] != theirs[k]]
+    if world and world != world_size(r): out.append(f"{world} devices here, {world_size(base)} there")
+    return out
