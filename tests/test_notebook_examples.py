@@ -10,7 +10,7 @@ UNIT = re.compile(r'^#\|\s*exports?\s*$', re.M)        # a cell whose code is ex
 EXPORTED = re.compile(r'^#\|\s*export', re.M)          # any exported cell (`exporti` too) ends a unit's examples
 NOT_SHOWN = re.compile(r'^#\|\s*(hide|default_exp)', re.M)
 # notebooks in which every exported unit has its sentence and its example
-WHOLE = {'43_trainer', '49b_engine'}
+WHOLE = {'43_trainer', '49b_engine', '48m_training_state'}
 # units without a sentence or an example across nbs/api (331 when this test came): it may only come down
 CEILING = 135
 

@@ -197,6 +197,9 @@ def _planner_class():
             super().__init__()
             self.src, self.items, self.dtype, self.impl = src, items, dtype, impl
 
+        def dtype_of(self, key: str):
+            return self.dtype[key] if isinstance(self.dtype, dict) else self.dtype
+
         def create_local_plan(self):
             plan = []
             for key, (shape, layers, _) in self.items.items():
@@ -204,7 +207,7 @@ def _planner_class():
                     offsets = (0,) * len(shape) if layer is None else (layer,) + (0,) * (len(shape) - 1)
                     sizes = shape if layer is None else (1, *shape[1:])
                     chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
-                    data = TensorWriteData(chunk=chunk, properties=TensorProperties(dtype=self.dtype),
+                    data = TensorWriteData(chunk=chunk, properties=TensorProperties(dtype=self.dtype_of(key)),
                                            size=torch.Size(shape))
                     plan.append(WriteItem(index=MetadataIndex(key, torch.Size(offsets)), type=WriteItemType.SHARD,
                                           tensor_data=data))
@@ -225,13 +228,13 @@ def _planner_class():
             t = fused({('' if p == 'vocab' else p): self.src.take(n) for p, n in parts[layer].items()}, self.src.cfg)
             if shape[-2 if layers else 0] > t.shape[0]:       # the vocabulary, padded with zero rows
                 t = torch.cat([t, t.new_zeros((shape[-2 if layers else 0] - t.shape[0], *t.shape[1:]))])
-            t = t.to(self.dtype).contiguous()
+            t = t.to(self.dtype_of(key)).contiguous()
             return t[None] if layers else t
     return MegatronPlanner
 
 def MegatronPlanner(src, items, dtype, impl: str = 'local'):
-    """DCP save planner writing `items` (`megatron_items`) of `src` in `dtype`, plus the `_extra_state` entries of spec
-    `impl`."""
+    """DCP save planner writing `items` (`megatron_items`) of `src` in `dtype` (or `dtype[key]` per key), plus the
+    `_extra_state` entries of spec `impl`."""
     return _planner_class()(src, items, dtype, impl)
 
 # %% ../../../nbs/api/48b_megatron_format.ipynb #f9bcb965

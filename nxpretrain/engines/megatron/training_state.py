@@ -205,7 +205,7 @@ def megatron_recipe(args, sched: dict, recipe: Recipe | None, cfg: ModelConfig, 
     optim = our_schedule(sched, getattr(args, 'lr_warmup_init', 0.0), B, optim, step)
     data = dataclasses.replace(r.data, global_batch=B, micro_batch=args.micro_batch_size)
     trainer = dataclasses.replace(r.trainer, max_steps=getattr(args, 'train_iters', None) or r.trainer.max_steps)
-    parallel = dataclasses.replace(r.parallel, precision='fp32')
+    parallel = dataclasses.replace(r.parallel, precision='bf16' if getattr(args, 'bf16', False) else 'fp32')
     return dataclasses.replace(r, model=cfg, optim=optim, data=data, trainer=trainer, parallel=parallel)
 
 # %% ../../../nbs/api/48m_training_state.ipynb #e5c41817
@@ -224,7 +224,7 @@ def megatron_state_args(state: TrainingState, schedule: dict, tp: int, pp: int) 
               start_weight_decay=o.weight_decay, end_weight_decay=o.weight_decay, weight_decay_incr_style='constant',
               clip_grad=o.clip_grad, adam_beta1=o.betas[0], adam_beta2=o.betas[1], adam_eps=o.eps,
               optimizer='adam', use_distributed_optimizer=False, no_save_optim=False, no_save_rng=True, fp16=False,
-              bf16=False, ckpt_format='torch_dist', seed=r.trainer.seed, split=r.data.split)
+              bf16=r.parallel.precision == 'bf16', ckpt_format='torch_dist', seed=r.trainer.seed, split=r.data.split)
     return argparse.Namespace(**kw)
 
 def megatron_param_groups(o: OptimConfig, lr: float) -> list:
@@ -245,6 +245,10 @@ def write_megatron_state(state: TrainingState, out, tp: int = 1, pp: int = 1) ->
     from nxpretrain.train.checkpoint import quiet_dcp
     from nxpretrain.train.optim import lr_at
     cfg, r = state.model.cfg, state.recipe
+    if r.parallel.zero1:
+        raise RecipeError(f"{state.model.where}: parallel.zero1=true trains into Megatron-LM's distributed optimizer "
+                          "(--use-distributed-optimizer), whose sharded layout is not written: convert the weights "
+                          "alone (--weights-only)")
     schedule = megatron_schedule(r.optim, r.trainer.max_steps, r.data.global_batch, state.step)
     if cfg.n_layers % pp: raise RecipeError(f"--pp {pp} does not divide the model's {cfg.n_layers} layers")
     for what, n in (('heads', cfg.n_heads), ('query groups', cfg.kv_heads)):
@@ -257,21 +261,26 @@ def write_megatron_state(state: TrainingState, out, tp: int = 1, pp: int = 1) ->
         m, _, n = name.rpartition('/')
         return takes[m](n)
     src = state.model._replace(names=names, take=take)
-    items = megatron_items(state.model, tp)
+    weights = megatron_items(state.model, tp)
+    items = dict(weights)
     for m in MOMENTS:
         items |= {f'optimizer.state.{m}.{key}': (shape, layers, {i: {p: f'{m}/{n}' for p, n in parts.items()}
                                                                  for i, parts in by_layer.items()})
-                  for key, (shape, layers, by_layer) in megatron_items(state.model, tp).items()}
+                  for key, (shape, layers, by_layer) in weights.items()}
+    bf16 = r.parallel.precision == 'bf16'      # ours are the fp32 master weights: Megatron's fp32_param beside bf16
+    if bf16: items |= {f'optimizer.state.fp32_param.{key}': item for key, item in weights.items()}
+    dtypes = {key: torch.bfloat16 if bf16 and key in weights else torch.float32 for key in items}
     out = Path(out)
     d = out / f'iter_{state.step:07d}'
     d.mkdir(parents=True)
     with quiet_dcp():
         dcp.save({}, storage_writer=dcp.FileSystemWriter(str(d), thread_count=1),
-                 planner=MegatronPlanner(src, items, torch.float32), no_dist=True)
+                 planner=MegatronPlanner(src, items, dtypes), no_dist=True)
     lr = lr_at(state.step, r.optim, r.trainer.max_steps)
     sched = {k: v for k, v in schedule.items() if k != 'init_lr'} | dict(num_steps=state.consumed_samples)
     optimizer = dict(param_groups=megatron_param_groups(r.optim, lr),
                      state=dict(common_step=torch.tensor(float(state.step))))
+    if bf16: optimizer = dict(optimizer=optimizer)     # Float16OptimizerWithFloat16Params nests torch's state
     common = dict(args=megatron_state_args(state, schedule, tp, pp), checkpoint_version=3.0, iteration=state.step,
                   optimizer=optimizer, opt_param_scheduler=sched, num_floating_point_operations_so_far=0)
     torch.save(common, d / 'common.pt')
@@ -304,8 +313,7 @@ def write_native_state(state: TrainingState, out, tp: int = 1, pp: int = 1) -> P
             name, m = (key, 'model') if top == 'model' else key[len('state.'):].rsplit('.', 1)
             t = takes[m](name)
             return (fit_rows(t, rows) if name in VOCAB_NAMES else t).to(torch.float32).contiguous()
-    r = dataclasses.replace(state.recipe, model=cfg,
-                            parallel=dataclasses.replace(state.recipe.parallel, tp=tp, pp=pp, precision='fp32'))
+    r = dataclasses.replace(state.recipe, model=cfg, parallel=dataclasses.replace(state.recipe.parallel, tp=tp, pp=pp))
     ck = Checkpointer(out, keep_last=0, log=lambda *a: None)
     ck.save(state.step, template, dict(step=state.step, consumed_samples=state.consumed_samples, skipped_steps=0,
                                        source=state.model.where, recipe=to_dict(r)), planner=ReadWhenWritten())
