@@ -289,3 +289,30 @@ def test_import_hf_and_export_hf_are_converts_two_hf_cases(tmp_path):
     p = cli('export-hf', str(tmp_path / 'native' / 'step_0'), str(tmp_path / 'back'))
     assert p.returncode == 2 and '\n' not in p.stderr.strip() and 'exists' in p.stderr, p.stderr
     assert sorted(q.name for q in tmp_path.iterdir()) == ['back', 'hf', 'native']
+
+
+def test_the_training_state_goes_through_the_engine_that_carries_it(tmp_path):
+    """`convert` names no engine's own module: it asks the engines of both formats whether one carries the source's
+    training state (`Engine.carries_state`), and has that one write it; `weights_only` skips the question."""
+    from test_imports import graph
+    from nxpretrain.engines.base import ENGINES, Engine, register_engine
+    own = {m for m in graph()['nxpretrain.convert.convert'] if m.startswith('nxpretrain.engines.')}
+    assert own == {'nxpretrain.engines.base'}
+    carried = []
+
+    class Relay(Engine):      # a framework whose saves carry their whole state into its own format
+        name, framework = 'relay', 'a relay'
+        export = parse_progress = checkpoints = requeue = calibration = memory = lambda self, *a, **k: None
+        def carries_state(self, src, fmt, to): return (fmt, to) == ('relay', 'relay')
+        def convert_state(self, src, fmt, to, out, tp=1, pp=1, recipe=None):
+            carried.append((Path(src).name, fmt, to, tp, pp))
+            return Path(out)
+
+    register_engine(Relay)
+    try:
+        assert convert(tmp_path / 'save', 'relay', tmp_path / 'out', tp=2, src_format='relay') == tmp_path / 'out'
+        assert carried == [('save', 'relay', 'relay', 2, 1)]
+        with pytest.raises(NxpError, match='a relay checkpoints are not read here'):
+            convert(tmp_path / 'save', 'relay', tmp_path / 'out', src_format='relay', weights_only=True)
+        assert len(carried) == 1
+    finally: ENGINES.pop('relay')

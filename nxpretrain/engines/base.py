@@ -155,6 +155,18 @@ def convert_flags(self: Engine, recipe) -> list[str]:
     return []
 
 @patch
+def carries_state(self: Engine, src, fmt: str, to: str) -> bool:
+    """Does this engine carry the whole training state (optimizer, step, schedule) of the `fmt` checkpoint `src` into
+    format `to`? No by default: `convert` moves the weights only."""
+    return False
+
+@patch
+def convert_state(self: Engine, src, fmt: str, to: str, out, tp: int = 1, pp: int = 1, recipe=None) -> Path:
+    "Write the whole training state of the `fmt` checkpoint `src` as format `to` in `out` (where `carries_state`)."
+    raise RecipeError(f"{fmt} → {to}: {self.framework} carries the weights only, not the training state; add "
+                      "--weights-only")
+
+@patch
 def init_from_command(self: Engine, recipe, hf_dir, folder) -> str:
     "The one command that converts `hf_dir` into `folder` for `recipe`'s job (shell-quoted)."
     if not self.writes_checkpoints:
