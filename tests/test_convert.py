@@ -316,3 +316,17 @@ def test_the_training_state_goes_through_the_engine_that_carries_it(tmp_path):
             convert(tmp_path / 'save', 'relay', tmp_path / 'out', src_format='relay', weights_only=True)
         assert len(carried) == 1
     finally: ENGINES.pop('relay')
+
+
+def test_native_init_from_on_trn1s_xla_path_is_refused_before_any_conversion(tmp_path):
+    """trn1's XLA run (the native engine on an `xla` profile) starts from its own init only: `init_from` is refused in
+    one line before the HF weights are converted, and no job folder is written."""
+    hf = hf_folder(LLAMA, tmp_path / 'hf')
+    argv = ['train', 'llama3_tiny', *LLAMA_RECIPE, 'cluster.profile=trn1.32xlarge', 'data.global_batch=128',
+            f'init_from={hf}', '--out', str(tmp_path / 'runs')]
+    p = subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main({argv!r})"], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path, env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert '\n' not in p.stderr.strip(), p.stderr
+    assert 'init_from on trn1.32xlarge' in p.stderr and 'drop init_from, or use engine=nxdt' in p.stderr, p.stderr
+    assert not (tmp_path / 'runs').exists(), sorted(str(q) for q in (tmp_path / 'runs').rglob('*'))

@@ -176,6 +176,15 @@ def init_from_command(self: Engine, recipe, hf_dir, folder) -> str:
             '--tp', str(recipe.parallel.tp), '--pp', str(recipe.parallel.pp), *self.convert_flags(recipe)]
     return ' '.join(shlex.quote(a) for a in argv)
 
+# %% ../../nbs/api/49b_engine.ipynb #cc9c50ba
+@patch
+def init_from_problem(self: Engine, recipe, prof, hf_dir) -> str:
+    """Why `recipe`'s job on cluster profile `prof` cannot start from the HF weights of `hf_dir` (`init_from`), one line
+    naming the fix; '' where it can."""
+    if self.takes_init_from: return ''
+    return (f"init_from with engine={self.name}: its job does not start from converted weights; convert them once with "
+            f"`nxpretrain convert {hf_dir} --to {self.name} --out DIR`")
+
 # %% ../../nbs/api/49b_engine.ipynb #c31bacdb
 ENGINES: dict[str, type[Engine]] = {}
 BUILT_IN = ('native', 'nxdt', 'megatron')
