@@ -1046,6 +1046,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                            'nxpretrain/jobs/description.py'),
                                              'nxpretrain.jobs.description.job_name': ( 'api/job_description.html#job_name',
                                                                                        'nxpretrain/jobs/description.py'),
+                                             'nxpretrain.jobs.description.needs_lines': ( 'api/job_description.html#needs_lines',
+                                                                                          'nxpretrain/jobs/description.py'),
                                              'nxpretrain.jobs.description.parse_cluster': ( 'api/job_description.html#parse_cluster',
                                                                                             'nxpretrain/jobs/description.py'),
                                              'nxpretrain.jobs.description.plain_value': ( 'api/job_description.html#plain_value',

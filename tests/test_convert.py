@@ -330,3 +330,27 @@ def test_native_init_from_on_trn1s_xla_path_is_refused_before_any_conversion(tmp
     assert '\n' not in p.stderr.strip(), p.stderr
     assert 'init_from on trn1.32xlarge' in p.stderr and 'drop init_from, or use engine=nxdt' in p.stderr, p.stderr
     assert not (tmp_path / 'runs').exists(), sorted(str(q) for q in (tmp_path / 'runs').rglob('*'))
+
+
+def test_a_native_job_on_slurm_without_its_converted_weights_stops_in_one_line(tmp_path):
+    """A native job on Slurm that starts from converted weights checks them at the top of its script, as the local
+    launcher does: with `init/…/step_0` missing it exits 2 with the `nxpretrain convert` command (shell-quoted) in one
+    line, before the rendezvous or srun; with them there, it goes on."""
+    import shlex
+    from nxpretrain.engines.base import get_engine
+    from nxpretrain.launch.job import export_jobs
+    from nxpretrain.recipes import get_recipe
+    init, hf = tmp_path / 'init' / 'my hf-native-tp1-pp1', '/models/my hf'
+    job = export_jobs(get_engine('native'), get_recipe('gpt3_tiny', 'data.global_batch=32'), tmp_path / 'job', 'cpu@2',
+                      init_from=str(init), init_from_hf=hf)['train']
+    assert job.scheduler == 'slurm' and job.distributed
+    start = job.script.index('for need in')
+    check = job.script[start:job.script.index('\ndone\n', start) + 6]
+    assert job.script.index(check) < job.script.index('MASTER_ADDR') < job.script.index('srun ')
+    p = subprocess.run(['bash', '-c', check], capture_output=True, text=True, timeout=30)
+    want = (f"nxpretrain: {init}/step_0 is missing: convert the HF weights (any CPU): nxpretrain convert "
+            f"{shlex.quote(hf)} --to native --out {shlex.quote(str(init))} --tp 1 --pp 1")
+    assert (p.returncode, p.stderr) == (2, want + '\n'), p.stderr
+    (init / 'step_0').mkdir(parents=True)
+    p = subprocess.run(['bash', '-c', check + 'echo on'], capture_output=True, text=True, timeout=30)
+    assert (p.returncode, p.stdout, p.stderr) == (0, 'on\n', ''), p.stderr
