@@ -664,6 +664,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                           'nxpretrain/engines/megatron/format.py'),
                                                     'nxpretrain.engines.megatron.format.save_folder': ( 'api/megatron_format.html#save_folder',
                                                                                                         'nxpretrain/engines/megatron/format.py'),
+                                                    'nxpretrain.engines.megatron.format.source_transformer_impl': ( 'api/megatron_format.html#source_transformer_impl',
+                                                                                                                    'nxpretrain/engines/megatron/format.py'),
                                                     'nxpretrain.engines.megatron.format.src_shape': ( 'api/megatron_format.html#src_shape',
                                                                                                       'nxpretrain/engines/megatron/format.py'),
                                                     'nxpretrain.engines.megatron.format.write_megatron': ( 'api/megatron_format.html#write_megatron',

@@ -354,3 +354,30 @@ def test_a_native_job_on_slurm_without_its_converted_weights_stops_in_one_line(t
     (init / 'step_0').mkdir(parents=True)
     p = subprocess.run(['bash', '-c', check + 'echo on'], capture_output=True, text=True, timeout=30)
     assert (p.returncode, p.stdout, p.stderr) == (0, 'on\n', ''), p.stderr
+
+
+def test_convert_to_megatron_keeps_a_megatron_sources_transformer_impl(tmp_path):
+    """`nxpretrain convert SAVE --to megatron` of a Megatron-LM save keeps the spec its args record (TransformerEngine's
+    `_extra_state` keys, `args.transformer_impl`) unless `--transformer-impl` says otherwise; HF is 'local'."""
+    from nxpretrain.engines.megatron.args import read_common
+    from nxpretrain.train.checkpoint import safe_reader
+    hf = hf_folder(LLAMA, tmp_path / 'hf')
+    convert(hf, 'megatron', tmp_path / 'te', tp=2, transformer_impl='transformer_engine')
+    env = {**os.environ, 'PYTHONPATH': str(ROOT)}
+    def cli(*argv):
+        return subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main({list(argv)!r})"],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    def impl_and_keys(out):
+        d = out / 'release'
+        keys = {k for k in safe_reader(d).read_metadata().state_dict_metadata if k.endswith('_extra_state/shard_0_1')}
+        return read_common(d / 'common.pt')['args'].transformer_impl, keys
+    for argv, out in ((('--tp', '1'), 'kept'), (('--transformer-impl', 'local'), 'local'), ((), 'from_hf')):
+        src = hf if out == 'from_hf' else tmp_path / 'te'
+        p = cli('convert', str(src), '--to', 'megatron', '--out', str(tmp_path / out), *argv)
+        assert p.returncode == 0, p.stderr[-2000:]
+    te = impl_and_keys(tmp_path / 'te')
+    assert te == ('transformer_engine', {'decoder.final_layernorm._extra_state/shard_0_1'})
+    assert impl_and_keys(tmp_path / 'kept') == te
+    assert impl_and_keys(tmp_path / 'local') == impl_and_keys(tmp_path / 'from_hf') == ('local', set())
+    convert(tmp_path / 'kept', 'hf', tmp_path / 'back')
+    same_hf(hf, tmp_path / 'back')

@@ -372,7 +372,7 @@ class MegatronEngine(Engine):
         from nxpretrain.engines.megatron.format import read_megatron
         return read_megatron(path, recipe)
 
-    def write_checkpoint(self, source, out, tp: int = 1, pp: int = 1, dtype=None, transformer_impl: str = 'local',
+    def write_checkpoint(self, source, out, tp: int = 1, pp: int = 1, dtype=None, transformer_impl: str | None = None,
                          **options) -> Path:
         from nxpretrain.engines.megatron.format import write_megatron
         return write_megatron(source, out, tp, pp, dtype, transformer_impl)
