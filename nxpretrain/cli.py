@@ -302,9 +302,9 @@ def _checkpoint_commands(cmd):
                                                                     "kv_size_multiplier; default: as TP needs)")
     p.add_argument('--fuse-qkv', action='store_true', help="--to nxdt: one qkv_proj.weight_qkv per rank (NxDT's "
                                                            "fuse_qkv)")
-    p.add_argument('--transformer-impl', default='local', choices=('local', 'transformer_engine'),
-                   help="--to megatron: the megatron-core spec whose _extra_state keys the save holds (default local; "
-                        "Megatron-LM's GPU default is transformer_engine)")
+    p.add_argument('--transformer-impl', default=None, choices=('local', 'transformer_engine'),
+                   help="--to megatron: the megatron-core spec whose _extra_state keys the save holds (default: a "
+                        "Megatron-LM source's own, else local; Megatron-LM's GPU default is transformer_engine)")
 
 # %% ../nbs/api/08_cli.ipynb #357626c5
 def _run_commands(cmd):

@@ -133,7 +133,7 @@ def train_stage(model: str = 'gpt3_tiny',  # catalog name or recipe YAML
     r, root, where = job_folder(r, cluster, stage, to_a_cluster, out_dir, on_this_machine)
     # the engine's job, checked against the cluster, every value quoted (where the framework compiles: 03_compile first)
     options = {'scheduler': 'local'} if on_this_machine else {}
-    if init_from: options.update(_init_options(r, init_from, where, convert_now=not dry_run))
+    if init_from: options.update(_init_options(r, init_from, where, not dry_run, cluster))
     if resolve_cluster(r, cluster or None)[1].backend in ('xla', 'neuron'):   # the cache `nxpretrain compile` filled
         from nxpretrain.launch.compile_job import neuron_cache_dir
         options['cache_url'] = str(neuron_cache_dir(r, root or out_dir))   # the stage's, as compile's with a stage
@@ -174,13 +174,12 @@ def logged_steps(table, rows: int = 10):
     return table.ffill()[full].tail(rows).map(lambda v: f"{v:,.4g}")
 
 # %% ../nbs/api/07_stages.ipynb #cad5511b
-def _init_options(r, hf_dir: str, job_dir: Path, convert_now: bool) -> dict:
-    "The export options that start `r`'s job from the HF weights of `hf_dir`, converted once for it (unless a dry run)."
+def _init_options(r, hf_dir: str, job_dir: Path, convert_now: bool, cluster: str = '') -> dict:
+    """The export options that start `r`'s job (on `cluster`) from the HF weights of `hf_dir`, converted once for it
+    (unless a dry run) – where its engine takes them there, asked before anything is converted."""
     from nxpretrain.convert.init_from import prepare_init_from
     from nxpretrain.engines.base import engine_of
-    if not engine_of(r).takes_init_from:
-        raise RecipeError(f"init_from with engine={r.engine}: its job does not start from converted weights; convert "
-                          f"them once with `nxpretrain convert {hf_dir} --to {r.engine} --out DIR`")
+    if why := engine_of(r).init_from_problem(r, resolve_cluster(r, cluster or None)[1], hf_dir): raise RecipeError(why)
     folder = prepare_init_from(r, hf_dir, job_dir, convert_now)
     return dict(init_from=str(folder), init_from_hf=str(Path(hf_dir).absolute()))
 

@@ -289,3 +289,95 @@ def test_import_hf_and_export_hf_are_converts_two_hf_cases(tmp_path):
     p = cli('export-hf', str(tmp_path / 'native' / 'step_0'), str(tmp_path / 'back'))
     assert p.returncode == 2 and '\n' not in p.stderr.strip() and 'exists' in p.stderr, p.stderr
     assert sorted(q.name for q in tmp_path.iterdir()) == ['back', 'hf', 'native']
+
+
+def test_the_training_state_goes_through_the_engine_that_carries_it(tmp_path):
+    """`convert` names no engine's own module: it asks the engines of both formats whether one carries the source's
+    training state (`Engine.carries_state`), and has that one write it; `weights_only` skips the question."""
+    from test_imports import graph
+    from nxpretrain.engines.base import ENGINES, Engine, register_engine
+    own = {m for m in graph()['nxpretrain.convert.convert'] if m.startswith('nxpretrain.engines.')}
+    assert own == {'nxpretrain.engines.base'}
+    carried = []
+
+    class Relay(Engine):      # a framework whose saves carry their whole state into its own format
+        name, framework = 'relay', 'a relay'
+        export = parse_progress = checkpoints = requeue = calibration = memory = lambda self, *a, **k: None
+        def carries_state(self, src, fmt, to): return (fmt, to) == ('relay', 'relay')
+        def convert_state(self, src, fmt, to, out, tp=1, pp=1, recipe=None):
+            carried.append((Path(src).name, fmt, to, tp, pp))
+            return Path(out)
+
+    register_engine(Relay)
+    try:
+        assert convert(tmp_path / 'save', 'relay', tmp_path / 'out', tp=2, src_format='relay') == tmp_path / 'out'
+        assert carried == [('save', 'relay', 'relay', 2, 1)]
+        with pytest.raises(NxpError, match='a relay checkpoints are not read here'):
+            convert(tmp_path / 'save', 'relay', tmp_path / 'out', src_format='relay', weights_only=True)
+        assert len(carried) == 1
+    finally: ENGINES.pop('relay')
+
+
+def test_native_init_from_on_trn1s_xla_path_is_refused_before_any_conversion(tmp_path):
+    """trn1's XLA run (the native engine on an `xla` profile) starts from its own init only: `init_from` is refused in
+    one line before the HF weights are converted, and no job folder is written."""
+    hf = hf_folder(LLAMA, tmp_path / 'hf')
+    argv = ['train', 'llama3_tiny', *LLAMA_RECIPE, 'cluster.profile=trn1.32xlarge', 'data.global_batch=128',
+            f'init_from={hf}', '--out', str(tmp_path / 'runs')]
+    p = subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main({argv!r})"], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path, env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert '\n' not in p.stderr.strip(), p.stderr
+    assert 'init_from on trn1.32xlarge' in p.stderr and 'drop init_from, or use engine=nxdt' in p.stderr, p.stderr
+    assert not (tmp_path / 'runs').exists(), sorted(str(q) for q in (tmp_path / 'runs').rglob('*'))
+
+
+def test_a_native_job_on_slurm_without_its_converted_weights_stops_in_one_line(tmp_path):
+    """A native job on Slurm that starts from converted weights checks them at the top of its script, as the local
+    launcher does: with `init/…/step_0` missing it exits 2 with the `nxpretrain convert` command (shell-quoted) in one
+    line, before the rendezvous or srun; with them there, it goes on."""
+    import shlex
+    from nxpretrain.engines.base import get_engine
+    from nxpretrain.launch.job import export_jobs
+    from nxpretrain.recipes import get_recipe
+    init, hf = tmp_path / 'init' / 'my hf-native-tp1-pp1', '/models/my hf'
+    job = export_jobs(get_engine('native'), get_recipe('gpt3_tiny', 'data.global_batch=32'), tmp_path / 'job', 'cpu@2',
+                      init_from=str(init), init_from_hf=hf)['train']
+    assert job.scheduler == 'slurm' and job.distributed
+    start = job.script.index('for need in')
+    check = job.script[start:job.script.index('\ndone\n', start) + 6]
+    assert job.script.index(check) < job.script.index('MASTER_ADDR') < job.script.index('srun ')
+    p = subprocess.run(['bash', '-c', check], capture_output=True, text=True, timeout=30)
+    want = (f"nxpretrain: {init}/step_0 is missing: convert the HF weights (any CPU): nxpretrain convert "
+            f"{shlex.quote(hf)} --to native --out {shlex.quote(str(init))} --tp 1 --pp 1")
+    assert (p.returncode, p.stderr) == (2, want + '\n'), p.stderr
+    (init / 'step_0').mkdir(parents=True)
+    p = subprocess.run(['bash', '-c', check + 'echo on'], capture_output=True, text=True, timeout=30)
+    assert (p.returncode, p.stdout, p.stderr) == (0, 'on\n', ''), p.stderr
+
+
+def test_convert_to_megatron_keeps_a_megatron_sources_transformer_impl(tmp_path):
+    """`nxpretrain convert SAVE --to megatron` of a Megatron-LM save keeps the spec its args record (TransformerEngine's
+    `_extra_state` keys, `args.transformer_impl`) unless `--transformer-impl` says otherwise; HF is 'local'."""
+    from nxpretrain.engines.megatron.args import read_common
+    from nxpretrain.train.checkpoint import safe_reader
+    hf = hf_folder(LLAMA, tmp_path / 'hf')
+    convert(hf, 'megatron', tmp_path / 'te', tp=2, transformer_impl='transformer_engine')
+    env = {**os.environ, 'PYTHONPATH': str(ROOT)}
+    def cli(*argv):
+        return subprocess.run([sys.executable, '-c', f"from nxpretrain.cli import main; main({list(argv)!r})"],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    def impl_and_keys(out):
+        d = out / 'release'
+        keys = {k for k in safe_reader(d).read_metadata().state_dict_metadata if k.endswith('_extra_state/shard_0_1')}
+        return read_common(d / 'common.pt')['args'].transformer_impl, keys
+    for argv, out in ((('--tp', '1'), 'kept'), (('--transformer-impl', 'local'), 'local'), ((), 'from_hf')):
+        src = hf if out == 'from_hf' else tmp_path / 'te'
+        p = cli('convert', str(src), '--to', 'megatron', '--out', str(tmp_path / out), *argv)
+        assert p.returncode == 0, p.stderr[-2000:]
+    te = impl_and_keys(tmp_path / 'te')
+    assert te == ('transformer_engine', {'decoder.final_layernorm._extra_state/shard_0_1'})
+    assert impl_and_keys(tmp_path / 'kept') == te
+    assert impl_and_keys(tmp_path / 'local') == impl_and_keys(tmp_path / 'from_hf') == ('local', set())
+    convert(tmp_path / 'kept', 'hf', tmp_path / 'back')
+    same_hf(hf, tmp_path / 'back')

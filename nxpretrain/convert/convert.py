@@ -14,7 +14,8 @@ from ..engines.base import BUILT_IN, DEFAULT_ENGINE, ENGINES, get_engine
 from ..train.model_source import ModelSource, model_names, atomic_folder, check_new_folder, check_model
 
 # %% auto #0
-__all__ = ['read_hf', 'formats', 'source_format', 'read_model', 'write_hf', 'tokenizer_root', 'convert']
+__all__ = ['read_hf', 'formats', 'source_format', 'read_model', 'write_hf', 'tokenizer_root', 'state_carrier',
+           'convert']
 
 # %% ../../nbs/api/48d_convert.ipynb #4caa4ea6
 def read_hf(path, recipe: Recipe | None = None) -> ModelSource:
@@ -83,19 +84,24 @@ def tokenizer_root(src: ModelSource, data_root=None) -> Path:
                           f"({src.recipe.data.tokenizer!r}); pass --data-dir")
 
 # %% ../../nbs/api/48d_convert.ipynb #8dedd097
+def state_carrier(src, fmt: str, to: str):
+    "The engine (of format `fmt` or `to`) that carries the training state of the `fmt` save `src` into `to`, or None."
+    engines = (get_engine(name) for name in dict.fromkeys((fmt, to)) if name != 'hf')
+    return next((engine for engine in engines if engine.carries_state(src, fmt, to)), None)
+
 def convert(src, to: str, out, tp: int = 1, pp: int = 1, recipe: Recipe | None = None, dtype=None, data_root=None,
             max_shard_gb: float = 5.0, src_format: str | None = None, weights_only: bool = False, **options) -> Path:
     """Convert the checkpoint or HF folder `src` (in format `src_format`, detected when None) into format `to` (one of
     `formats()`) in the new folder `out`; the path of what was written (`out`, or nxpretrain's `out/step_0`). The
     engine's `write_checkpoint` takes `dtype` and the `options` it knows (NxD's layout); HF shards hold
     `max_shard_gb`. An nxpretrain checkpoint with its optimizer into Megatron-LM, or a Megatron-LM `iter_N` save into
-    nxpretrain, carries the whole training state in fp32 (`engines.megatron.training_state`) unless `weights_only`."""
+    nxpretrain, carries the whole training state in fp32 (the engine that `carries_state`) unless `weights_only`."""
     if to not in formats(): raise RecipeError(f"--to {to}: choose one of {', '.join(formats())}")
     check_new_folder(out)
     if not weights_only:
-        from nxpretrain.engines.megatron.training_state import STATE_PAIRS, holds_state, convert_state
         fmt = src_format or source_format(src)
-        if (fmt, to) in STATE_PAIRS and holds_state(src, fmt): return convert_state(src, fmt, to, out, tp, pp, recipe)
+        carrier = state_carrier(src, fmt, to)
+        if carrier is not None: return carrier.convert_state(src, fmt, to, out, tp, pp, recipe)
     model = read_model(src, recipe, src_format)
     with atomic_folder(out) as tmp:
         if to == 'hf': written = write_hf(model, tmp, dtype, data_root, max_shard_gb)

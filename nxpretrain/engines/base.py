@@ -155,6 +155,18 @@ def convert_flags(self: Engine, recipe) -> list[str]:
     return []
 
 @patch
+def carries_state(self: Engine, src, fmt: str, to: str) -> bool:
+    """Does this engine carry the whole training state (optimizer, step, schedule) of the `fmt` checkpoint `src` into
+    format `to`? No by default: `convert` moves the weights only."""
+    return False
+
+@patch
+def convert_state(self: Engine, src, fmt: str, to: str, out, tp: int = 1, pp: int = 1, recipe=None) -> Path:
+    "Write the whole training state of the `fmt` checkpoint `src` as format `to` in `out` (where `carries_state`)."
+    raise RecipeError(f"{fmt} → {to}: {self.framework} carries the weights only, not the training state; add "
+                      "--weights-only")
+
+@patch
 def init_from_command(self: Engine, recipe, hf_dir, folder) -> str:
     "The one command that converts `hf_dir` into `folder` for `recipe`'s job (shell-quoted)."
     if not self.writes_checkpoints:
@@ -163,6 +175,15 @@ def init_from_command(self: Engine, recipe, hf_dir, folder) -> str:
     argv = ['nxpretrain', 'convert', str(Path(hf_dir).absolute()), '--to', self.name, '--out', str(folder),
             '--tp', str(recipe.parallel.tp), '--pp', str(recipe.parallel.pp), *self.convert_flags(recipe)]
     return ' '.join(shlex.quote(a) for a in argv)
+
+# %% ../../nbs/api/49b_engine.ipynb #cc9c50ba
+@patch
+def init_from_problem(self: Engine, recipe, prof, hf_dir) -> str:
+    """Why `recipe`'s job on cluster profile `prof` cannot start from the HF weights of `hf_dir` (`init_from`), one line
+    naming the fix; '' where it can."""
+    if self.takes_init_from: return ''
+    return (f"init_from with engine={self.name}: its job does not start from converted weights; convert them once with "
+            f"`nxpretrain convert {hf_dir} --to {self.name} --out DIR`")
 
 # %% ../../nbs/api/49b_engine.ipynb #c31bacdb
 ENGINES: dict[str, type[Engine]] = {}

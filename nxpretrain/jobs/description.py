@@ -18,7 +18,7 @@ from .jobspec import site_options
 
 # %% auto #0
 __all__ = ['plain_value', 'job_name', 'time_limit_seconds', 'parse_cluster', 'resolve_cluster', 'Job', 'torchrun_argv',
-           'entry_argv', 'quote_argv', 'export_lines', 'train_job']
+           'entry_argv', 'quote_argv', 'export_lines', 'needs_lines', 'train_job']
 
 # %% ../../nbs/api/49f_job_description.ipynb #7a8a5c70
 _PLAIN = {'partition': r'[A-Za-z0-9_.,-]*', 'time': r'(UNLIMITED|[0-9]+(-[0-9]+)?(:[0-9]+){0,2})?',
@@ -146,6 +146,16 @@ def quote_argv(argv) -> str:
 def export_lines(env: dict) -> list[str]:
     "One quoted `export NAME=value` line per variable of `env` (names that are not shell identifiers are left out)."
     return [f"export {k}={shlex.quote(str(v))}" for k, v in env.items() if re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', k)]
+
+# %% ../../nbs/api/49f_job_description.ipynb #e4ba321b
+_NEEDS_CHECK = '''for need in {needs}; do
+    [ -e "${{need%%::*}}" ] || {{ echo "nxpretrain: ${{need%%::*}} is missing: ${{need#*::}}" >&2; exit 2; }}
+done'''
+
+def needs_lines(needs: dict) -> list[str]:
+    "Bash that stops a job (status 2, one line) where a path of `needs` ({path: the command that makes it}) is missing."
+    if not needs: return []
+    return _NEEDS_CHECK.format(needs=' '.join(shlex.quote(f"{k}::{v}") for k, v in needs.items())).splitlines()
 
 # %% ../../nbs/api/49f_job_description.ipynb #e5b7a4c2
 def train_job(recipe: Recipe | str, cluster=None, out_dir='runs/job', overrides=(),

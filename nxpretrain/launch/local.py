@@ -10,7 +10,7 @@ from pathlib import Path
 from fastcore.basics import patch
 from ..errors import EXIT_REQUEUE, LaunchError
 from .launcher import JobState, JobStatus, Launcher, find_records, record_job, register, tail_file
-from ..jobs.description import Job, export_lines, quote_argv, torchrun_argv
+from ..jobs.description import Job, export_lines, needs_lines, quote_argv, torchrun_argv
 from ..jobs.jobspec import rendezvous_lines
 from .job import render_job, write_job
 
@@ -42,6 +42,7 @@ def _local_script(job: Job) -> list[str]:
         *export_lines(job.env),
         '',
         f"cd {shlex.quote(str(job.out_dir))}",
+        *needs_lines(job.needs),     # what the job reads that another command makes, checked before it starts
     ]
     if job.distributed:
         status_file = shlex.quote(str(Path(job.run_dir or job.out_dir) / 'exit_status.json'))
@@ -59,9 +60,6 @@ def _local_script(job: Job) -> list[str]:
 def _engine_step(job: Job) -> list[str]:
     "An engine's program on this machine: once, or once per rank (each told its number); no container here."
     lines = [*(rendezvous_lines(job.rendezvous_port) if job.rendezvous_port else [])]
-    q = shlex.quote
-    lines += [f"[ -e {q(str(k))} ] || {{ echo {q(f'nxpretrain: {k} is missing: {v}')} >&2; exit 2; }}"
-              for k, v in job.needs.items()]
     if not job.task_is_rank: return lines + [quote_argv(job.argv)]
     n = int(job.tasks_per_node)
     return lines + [f"for rank in $(seq 0 {n - 1}); do",

@@ -12,7 +12,7 @@ from ..errors import EXIT_REQUEUE, LaunchError, SlurmError
 from ..clusters import ClusterProfile, profile
 from .launcher import (END_STATES, JobState, JobStatus, Launcher, find_records, record_job, register,
                                         tail_file)
-from ..jobs.description import Job, export_lines, plain_value, quote_argv, torchrun_argv
+from ..jobs.description import Job, export_lines, needs_lines, plain_value, quote_argv, torchrun_argv
 from .job import write_job
 from .slurmcheck import explain_slurm, slurm_problem
 from ..jobs.jobspec import rendezvous_lines, sbatch_site_lines, srun_words
@@ -129,6 +129,7 @@ def _train_script(job: Job, prof: ClusterProfile) -> list[str]:
         *export_lines(job.env),
         '',
         f"cd {shlex.quote(str(job.out_dir))}",
+        *needs_lines(job.needs),        # what the job reads that another command makes (its converted init_from)
         *rendezvous_lines('$(( 20000 + SLURM_JOB_ID % 20000 ))', keep_set_port=False),   # one port per job
         'echo "nxpretrain: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST, rendezvous '
         '$MASTER_ADDR:$MASTER_PORT"',
@@ -158,10 +159,6 @@ def _array_script(job: Job, prof: ClusterProfile) -> list[str]:
     ]
 
 # %% ../../nbs/api/56_slurm.ipynb #3ca22022
-_NEEDS = '''for need in {needs}; do
-    [ -e "${{need%%::*}}" ] || {{ echo "nxpretrain: ${{need%%::*}} is missing: ${{need#*::}}" >&2; exit 2; }}
-done'''
-
 _REQUEUE_UNFINISHED = '''rc=$?
 {unfinished}
 if [ "$rc" = 0 ] && [ "$unfinished" = yes ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ]; then
@@ -190,7 +187,7 @@ def _step_script(job: Job, prof: ClusterProfile) -> list[str]:
         *export_lines(job.env),
         f"cd {q(str(job.out_dir))}",
         *(rendezvous_lines(job.rendezvous_port) if job.rendezvous_port else []),
-        *([_NEEDS.format(needs=' '.join(q(f"{k}::{v}") for k, v in job.needs.items()))] if job.needs else []),
+        *needs_lines(job.needs),
         *step,
     ]
 

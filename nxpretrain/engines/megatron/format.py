@@ -16,8 +16,8 @@ from ...train.model_source import ModelSource, model_names, check_model
 
 # %% auto #0
 __all__ = ['TRACKER', 'TRANSFORMER_IMPLS', 'megatron_pairs', 'megatron_vocab', 'part_of', 'fused', 'save_folder',
-           'read_megatron', 'megatron_take', 'megatron_args', 'megatron_items', 'src_shape', 'write_megatron',
-           'MegatronPlanner', 'extra_state_keys', 'extra_state_value']
+           'read_megatron', 'megatron_take', 'megatron_args', 'megatron_items', 'src_shape', 'source_transformer_impl',
+           'write_megatron', 'MegatronPlanner', 'extra_state_keys', 'extra_state_value']
 
 # %% ../../../nbs/api/48b_megatron_format.ipynb #a963bc22
 _LAYER = re.compile(r'^decoder\.layers\.(\d+)\.')
@@ -157,14 +157,23 @@ def src_shape(src: ModelSource, name: str) -> tuple:
     "The shape of `src`'s tensor `name` (from the model's config, nothing read)."
     return model_names(src.cfg)[name]
 
+# %% ../../../nbs/api/48b_megatron_format.ipynb #01dd641c
+def source_transformer_impl(src: ModelSource) -> str:
+    "The megatron-core spec in the args of the Megatron-LM save that `src` was read from; 'local' for other sources."
+    common = Path(src.where) / 'common.pt'
+    if not common.is_file(): return 'local'
+    return getattr(read_common(common).get('args'), 'transformer_impl', 'local')
+
 # %% ../../../nbs/api/48b_megatron_format.ipynb #09eb8b0b
 def write_megatron(src: ModelSource, out, tp: int = 1, pp: int = 1, dtype=None,
-                   transformer_impl: str = 'local') -> Path:
+                   transformer_impl: str | None = None) -> Path:
     """Write `src` into folder `out` as a Megatron-LM torch_dist save at (`tp`, `pp`) for megatron-core's
-    `transformer_impl` spec ('local', or 'transformer_engine'): tracker `release`, the save in `out/release`. `dtype`:
-    the saved dtype (default float32). One layer of one tensor is in memory at a time."""
+    `transformer_impl` spec ('local', or 'transformer_engine'; None: the source's own, `source_transformer_impl`):
+    tracker `release`, the save in `out/release`. `dtype`: the saved dtype (default float32). One layer of one tensor
+    is in memory at a time."""
     import torch, torch.distributed.checkpoint as dcp
     from nxpretrain.train.checkpoint import quiet_dcp
+    transformer_impl = transformer_impl or source_transformer_impl(src)
     extra_state_keys(src.cfg, transformer_impl)             # a spec it does not know: one line, nothing written
     if src.cfg.n_layers % pp: raise RecipeError(f"--pp {pp} does not divide the model's {src.cfg.n_layers} layers")
     for what, n in (('heads', src.cfg.n_heads), ('query groups', src.cfg.kv_heads)):

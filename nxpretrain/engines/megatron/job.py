@@ -10,6 +10,7 @@ from pathlib import Path
 from ...config import Recipe
 from ...clusters import profile
 from ...models.registry import family
+from fastcore.basics import patch
 from ..base import Calibration, Engine, Memory, register_engine
 from ...jobs.description import Job, job_name, plain_value, resolve_cluster
 from ...jobs.jobspec import covering_mounts, outside_mounts, site_options
@@ -371,7 +372,7 @@ class MegatronEngine(Engine):
         from nxpretrain.engines.megatron.format import read_megatron
         return read_megatron(path, recipe)
 
-    def write_checkpoint(self, source, out, tp: int = 1, pp: int = 1, dtype=None, transformer_impl: str = 'local',
+    def write_checkpoint(self, source, out, tp: int = 1, pp: int = 1, dtype=None, transformer_impl: str | None = None,
                          **options) -> Path:
         from nxpretrain.engines.megatron.format import write_megatron
         return write_megatron(source, out, tp, pp, dtype, transformer_impl)
@@ -393,3 +394,16 @@ class MegatronEngine(Engine):
     def memory(self, recipe, dp: int): return megatron_memory(recipe, dp)
 
     def setup_steps(self, recipe, paths) -> list: return megatron_setup_steps(recipe, paths)
+
+# %% ../../../nbs/api/52b_megatron.ipynb #c2ca8175
+@patch
+def carries_state(self: MegatronEngine, src, fmt: str, to: str) -> bool:
+    "Native ↔ Megatron-LM, where the `fmt` checkpoint `src` holds a training state (an optimizer, an iteration)."
+    from nxpretrain.engines.megatron.training_state import STATE_PAIRS, holds_state
+    return (fmt, to) in STATE_PAIRS and holds_state(src, fmt)
+
+@patch
+def convert_state(self: MegatronEngine, src, fmt: str, to: str, out, tp: int = 1, pp: int = 1, recipe=None) -> Path:
+    "The whole training state of the `fmt` checkpoint `src`, written as format `to` in `out` (whole or not at all)."
+    from nxpretrain.engines.megatron.training_state import convert_state
+    return convert_state(src, fmt, to, out, tp, pp, recipe)

@@ -152,9 +152,7 @@ class NativeEngine(Engine):
                init_from: str = '', init_from_hf: str = '', **options) -> dict:
         r, prof = resolve_cluster(override(recipe, *overrides), cluster)
         validate(r, r.cluster.nodes * prof.devices_per_node)
-        if prof.backend == 'xla' and init_from:
-            raise RecipeError(f"init_from on {prof.name}: seed 3's XLA run starts from its own init only; drop "
-                              "init_from, or use engine=nxdt")
+        if init_from and (why := self.init_from_problem(r, prof, init_from_hf)): raise RecipeError(why)
         if prof.backend == 'xla': return export_xla_dp(r, out_dir, cache_url, data_root)
         job = train_job(r, None, out_dir, **options)
         return {'train': start_from_weights(job, r, init_from, init_from_hf) if init_from else job}
@@ -208,3 +206,9 @@ def read_source(self: NativeEngine, path, recipe=None):
 def write_checkpoint(self: NativeEngine, source, out, tp: int = 1, pp: int = 1, **options) -> Path:
     from nxpretrain.train.model_source import write_native
     return write_native(source, out, tp, pp)
+
+@patch
+def init_from_problem(self: NativeEngine, recipe, prof, hf_dir) -> str:
+    if prof.backend != 'xla': return ''
+    return (f"init_from on {prof.name}: seed 3's XLA run starts from its own init only; drop init_from, or use "
+            "engine=nxdt")

@@ -20,7 +20,7 @@ from .contract import EXAMPLES, NXDT, NXDT_RECIPES, differences, example_name, f
 from ..setup import Step, checkout_step, framework_checkout, venv_step
 from ...clusters import profile
 from ...models.registry import family
-from ...jobs.description import Job, export_lines, plain_value, job_name, resolve_cluster
+from ...jobs.description import Job, export_lines, needs_lines, plain_value, job_name, resolve_cluster
 from ...jobs.jobspec import rendezvous_lines, site_options
 from ..base import Calibration, Engine, Memory, register_engine
 from ...jobs.progress_line import clock_seconds, metric_value
@@ -244,9 +244,7 @@ export NEURON_COMPILE_CACHE_URL=${{NEURON_COMPILE_CACHE_URL:-{cache}}}
 export NEMO_EXPM_VERSION=${{SLURM_JOB_ID:-0}}
 : "${{NXDT_EXAMPLES:=$HOME/neuronx-distributed-training/examples}}"   # where training_orchestrator.py lives
 
-for need in {needs}; do
-    [ -e "${{need%%::*}}" ] || {{ echo "nxpretrain: ${{need%%::*}} is missing: ${{need#*::}}" >&2; exit 2; }}
-done
+{needs}
 
 {rendezvous}
 DISTRIBUTED_ARGS=(--nproc_per_node {devices} --nnodes "$NNODES" --node_rank "$NODE_RANK"
@@ -289,7 +287,7 @@ def train_sh(recipe: Recipe, devices: int, cache_url: str, conf_name: str, needs
     return TRAIN_SH.format(name=q(recipe.name).replace('\n', ' '), env='\n'.join(exports),
                            rendezvous='\n'.join(rendezvous_lines(41000)),
                            cache=q(cache_url), devices=int(devices), conf=q(conf_name),
-                           needs=' '.join(q(f"{k}::{v}") for k, v in needs.items()), init_from=q(init_from),
+                           needs='\n'.join(needs_lines(needs)), init_from=q(init_from),
                            ckpt_dir=q(ckpt_dir or '/nonexistent'))
 
 # %% ../../../nbs/api/52_nxdt.ipynb #4e8fa185
