@@ -27,10 +27,11 @@ def worker_group(path: Path) -> str:
     return next((g for g, marks in SHARED_WORKERS.items() if any(m in text for m in marks)), path.stem)
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's worker hook, which turns the marks into each test's group
 def pytest_collection_modifyitems(config, items):
     groups = {}
     for item in items:
-        path = Path(str(item.fspath))
+        path = Path(item.path)
         if path not in groups: groups[path] = worker_group(path)
         item.add_marker(pytest.mark.xdist_group(groups[path]))
 
