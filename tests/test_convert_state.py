@@ -11,10 +11,11 @@ this CPU (its DDP wrapper and optimizer under `bench/mcore_gpt.cuda_on_cpu`, whi
   does not (the test can fail);
 - its save after one of those steps (as Megatron-LM's `save_checkpoint` writes it) → `nxpretrain convert --to
   native` → our engine resumes and the remaining losses equal the uninterrupted run's."""
-import datetime, json, os, subprocess, sys, time
+import datetime, json, os, subprocess, sys
 from pathlib import Path
 import numpy as np
 import pytest, torch
+from mcore_ranks import run_ranks
 
 pytest.importorskip('megatron.core')
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,17 +207,8 @@ def worker(rank: int, world: int, port: int, out: str, case: str):
 
 def spawn(out: Path, case: str, timeout: float = 240) -> dict:
     "What `continue_in_megatron` found, from fresh processes (megatron-core keeps global state), one per TP rank."
-    from nxpretrain.testing.spawn import free_port
-    ctx = torch.multiprocessing.get_context('forkserver')
-    ctx.set_forkserver_preload(['torch', 'megatron.core.models.gpt.gpt_model', worker.__module__])
-    world = CASES[case][2]
-    ranks = torch.multiprocessing.start_processes(worker, (world, free_port(), str(out), case), nprocs=world,
-                                                  join=False, start_method='forkserver')
-    deadline = time.monotonic() + timeout
-    while not ranks.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ranks.processes: p.kill()
-            raise TimeoutError(f"megatron-core took over {timeout} s")
+    run_ranks(worker, (str(out), case), CASES[case][2], ['megatron.core.models.gpt.gpt_model'], timeout,
+              'megatron-core')
     return torch.load(out / 'megatron.pt', weights_only=True)
 
 

@@ -5,16 +5,16 @@ then give megatron-core's logits. Also: tied and untied heads, the local spec's 
 save, a vocabulary Megatron-LM pads further than we do, and one-line errors for the folders and recipes that do not
 fit. megatron-core cannot build its TransformerEngine spec without TransformerEngine, but its local spec saves the
 norms under TE's names anyway; the local names are tested on a save whose keys are renamed."""
-import datetime, os, pickle, shutil, sys, time, zlib
+import datetime, os, pickle, shutil, sys, zlib
 from pathlib import Path
 import pytest, torch
+from mcore_ranks import run_ranks
 from nxpretrain.config import to_yaml
 from nxpretrain.errors import CheckpointError, RecipeError
 from nxpretrain.engines.megatron.checkpoint import (LOCAL_NORMS, TE_NORMS, TRACKER, megatron_padded_vocab,
                                                    read_megatron_checkpoint)
 from nxpretrain.models.args import padded_vocab
 from nxpretrain.models.registry import build_model
-from nxpretrain.testing.spawn import free_port
 from nxpretrain.recipes import get_recipe
 
 pytest.importorskip('megatron.core')
@@ -105,17 +105,8 @@ def save_worker(rank: int, world: int, port: int, out: str, saves: dict):
 
 def spawn_saves(world: int, out: Path, saves: dict, timeout: float = 120) -> dict:
     "megatron-core's logits of `saves`, saved by `world` fresh processes (megatron-core keeps global state)."
-    # forked from a server that has imported megatron-core and this module once (3-5 s each), where none runs yet
-    preload = ['torch', 'megatron.core.models.gpt.gpt_model', 'megatron.core.dist_checkpointing',
-               save_worker.__module__]
-    torch.multiprocessing.get_context('forkserver').set_forkserver_preload(preload)
-    ranks = torch.multiprocessing.start_processes(save_worker, (world, free_port(), str(out), saves), nprocs=world,
-                                                  join=False, start_method='forkserver')
-    deadline = time.monotonic() + timeout
-    while not ranks.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ranks.processes: p.kill()
-            raise TimeoutError(f"megatron-core's saves at world {world} took over {timeout} s")
+    preload = ['megatron.core.models.gpt.gpt_model', 'megatron.core.dist_checkpointing']
+    run_ranks(save_worker, (str(out), saves), world, preload, timeout, f"megatron-core's saves at world {world}")
     return torch.load(out / f'logits_world{world}.pt', weights_only=True)
 
 

@@ -98,11 +98,10 @@ def convert(src, to: str, out, tp: int = 1, pp: int = 1, recipe: Recipe | None =
     nxpretrain, carries the whole training state in fp32 (the engine that `carries_state`) unless `weights_only`."""
     if to not in formats(): raise RecipeError(f"--to {to}: choose one of {', '.join(formats())}")
     check_new_folder(out)
-    if not weights_only:
-        fmt = src_format or source_format(src)
-        carrier = state_carrier(src, fmt, to)
-        if carrier is not None: return carrier.convert_state(src, fmt, to, out, tp, pp, recipe)
-    model = read_model(src, recipe, src_format)
+    fmt = src_format or source_format(src)            # once: each engine's holds_source looks at the files
+    carrier = None if weights_only else state_carrier(src, fmt, to)
+    if carrier is not None: return carrier.convert_state(src, fmt, to, out, tp, pp, recipe)
+    model = read_model(src, recipe, fmt)
     with atomic_folder(out) as tmp:
         if to == 'hf': written = write_hf(model, tmp, dtype, data_root, max_shard_gb)
         else: written = get_engine(to).write_checkpoint(model, tmp, tp, pp, dtype=dtype, **options)
