@@ -140,4 +140,6 @@ def test_the_job_runs_in_the_container_and_finds_every_path(box):
         s = wait(submit(job), timeout=180)
         assert s.state == 'FAILED', s
         assert 'No such file' in tail(s.job_id, 60)
-        assert json.loads((save / 'seen.0.json').read_text())['missing'] == [str(topo / 'topo.xml')]
+        # the rank that stops first writes what it missed; srun's --kill-on-bad-exit may stop the other one before
+        seen = [json.loads(f.read_text()) for f in save.glob('seen.*.json')]
+        assert seen and all(one['missing'] == [str(topo / 'topo.xml')] for one in seen), seen
