@@ -780,6 +780,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                                 'nxpretrain/engines/megatron/training_state.py'),
                                                             'nxpretrain.engines.megatron.training_state.read_native_state': ( 'api/training_state.html#read_native_state',
                                                                                                                               'nxpretrain/engines/megatron/training_state.py'),
+                                                            'nxpretrain.engines.megatron.training_state.refuse_distributed_optimizer': ( 'api/training_state.html#refuse_distributed_optimizer',
+                                                                                                                                         'nxpretrain/engines/megatron/training_state.py'),
                                                             'nxpretrain.engines.megatron.training_state.state_facts': ( 'api/training_state.html#state_facts',
                                                                                                                         'nxpretrain/engines/megatron/training_state.py'),
                                                             'nxpretrain.engines.megatron.training_state.write_megatron_state': ( 'api/training_state.html#write_megatron_state',

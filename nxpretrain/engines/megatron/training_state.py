@@ -19,8 +19,8 @@ from ...train.model_source import ModelSource, model_names, check_model
 # %% auto #0
 __all__ = ['MOMENTS', 'VOCAB_NAMES', 'STATE_PAIRS', 'state_facts', 'megatron_schedule', 'our_schedule', 'TrainingState',
            'fit_rows', 'read_native_state', 'read_common_state', 'megatron_state_take', 'read_megatron_state',
-           'megatron_recipe', 'megatron_state_args', 'megatron_param_groups', 'write_megatron_state',
-           'write_native_state', 'holds_state', 'convert_state']
+           'megatron_recipe', 'megatron_state_args', 'megatron_param_groups', 'refuse_distributed_optimizer',
+           'write_megatron_state', 'write_native_state', 'holds_state', 'convert_state']
 
 # %% ../../../nbs/api/48m_training_state.ipynb #72df8c0f
 MOMENTS = ('exp_avg', 'exp_avg_sq')
@@ -237,6 +237,14 @@ def megatron_param_groups(o: OptimConfig, lr: float) -> list:
     return [group(1.0), group(0.0)]
 
 # %% ../../../nbs/api/48m_training_state.ipynb #762ef4f1
+def refuse_distributed_optimizer(r: Recipe, where) -> None:
+    "One line if recipe `r` trains into Megatron-LM's distributed optimizer, whose sharded state is not written."
+    if r.parallel.zero1:
+        raise RecipeError(f"{where}: parallel.zero1=true trains into Megatron-LM's distributed optimizer "
+                          "(--use-distributed-optimizer), whose sharded layout is not written: convert the weights "
+                          "alone (--weights-only)")
+
+# %% ../../../nbs/api/48m_training_state.ipynb #6a278d3f
 def write_megatron_state(state: TrainingState, out, tp: int = 1, pp: int = 1) -> Path:
     "Write `state` into `out` as the Megatron-LM `iter_<step>` torch_dist save that resumes it; the tracker names it."
     import torch, torch.distributed.checkpoint as dcp
@@ -245,10 +253,7 @@ def write_megatron_state(state: TrainingState, out, tp: int = 1, pp: int = 1) ->
     from nxpretrain.train.checkpoint import quiet_dcp
     from nxpretrain.train.optim import lr_at
     cfg, r = state.model.cfg, state.recipe
-    if r.parallel.zero1:
-        raise RecipeError(f"{state.model.where}: parallel.zero1=true trains into Megatron-LM's distributed optimizer "
-                          "(--use-distributed-optimizer), whose sharded layout is not written: convert the weights "
-                          "alone (--weights-only)")
+    refuse_distributed_optimizer(r, state.model.where)
     schedule = megatron_schedule(r.optim, r.trainer.max_steps, r.data.global_batch, state.step)
     if cfg.n_layers % pp: raise RecipeError(f"--pp {pp} does not divide the model's {cfg.n_layers} layers")
     for what, n in (('heads', cfg.n_heads), ('query groups', cfg.kv_heads)):
@@ -339,9 +344,11 @@ def holds_state(src, fmt: str) -> bool:
 
 def convert_state(src, fmt: str, to: str, out, tp: int = 1, pp: int = 1, recipe: Recipe | None = None) -> Path:
     "Convert the whole training state of `fmt` checkpoint `src` into format `to` in `out` (whole or not at all)."
-    from nxpretrain.train.model_source import atomic_folder
+    from nxpretrain.train.checkpoint import checkpoint_recipe
+    from nxpretrain.train.model_source import atomic_folder, native_save
     if (fmt, to) not in STATE_PAIRS:
         raise RecipeError(f"a training state goes native ↔ megatron, not {fmt} → {to}; add --weights-only")
+    if fmt == 'native': refuse_distributed_optimizer(checkpoint_recipe(native_save(src)), src)
     read, write = STATE_PAIRS[(fmt, to)]
     state = read(src) if recipe is None or fmt == 'native' else read(src, recipe)
     if recipe is not None and fmt == 'native': check_model(state.model.cfg, recipe.model, state.model.where, 'recipe=')
