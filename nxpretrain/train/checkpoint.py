@@ -354,27 +354,6 @@ def _stage(state, staged=None):
 from fastcore.basics import patch
 
 @patch
-def save(self: Checkpointer, step: int, state: dict, trainer_state: dict, planner=None) -> Path:
-    """Save DCP `state` (e.g. `{'model': ..., 'optim': ...}`) and JSON `trainer_state` as `step_<step>`; `planner`: a
-    DCP save planner (one that makes each tensor when it is written lets `state` hold meta tensors). A write that
-    fails (a full disk, any `OSError`) raises one line, `save_failed`; the folder stays partial."""
-    t0 = time.perf_counter()
-    self.wait()
-    barrier()
-    d = step_dir(self.root, step)
-    if (d / MARKER).exists(): return d  # this step is already saved (a signal right after a scheduled save)
-    try:
-        self._open(d, trainer_state)
-        if self.async_save: self._write_in_background(d, state, planner)
-        else: self._write(d, state, planner)
-    except BaseException as e:
-        if not isinstance(failed_write(e), OSError): raise
-        raise save_failed(d, failed_write(e)) from e
-    self.last_saved = d
-    self.blocked_s.append(time.perf_counter() - t0)
-    return d
-
-@patch
 def _open(self: Checkpointer, d: Path, trainer_state: dict):
     "Rank 0 makes the folder `d` and writes the trainer state; then every rank writes its RNG state."
     from safetensors.torch import save as safetensors_bytes
@@ -419,6 +398,27 @@ def _write_in_background(self: Checkpointer, d: Path, state: dict, planner=None)
     self._thread.start()
 
 # %% ../../nbs/api/41_checkpoint.ipynb #f185f406
+@patch
+def save(self: Checkpointer, step: int, state: dict, trainer_state: dict, planner=None) -> Path:
+    """Save DCP `state` (e.g. `{'model': ..., 'optim': ...}`) and JSON `trainer_state` as `step_<step>`; `planner`: a
+    DCP save planner (one that makes each tensor when it is written lets `state` hold meta tensors). A write that
+    fails (a full disk, any `OSError`) raises one line, `save_failed`; the folder stays partial."""
+    t0 = time.perf_counter()
+    self.wait()
+    barrier()
+    d = step_dir(self.root, step)
+    if (d / MARKER).exists(): return d  # this step is already saved (a signal right after a scheduled save)
+    try:
+        self._open(d, trainer_state)
+        if self.async_save: self._write_in_background(d, state, planner)
+        else: self._write(d, state, planner)
+    except BaseException as e:
+        if not isinstance(failed_write(e), OSError): raise
+        raise save_failed(d, failed_write(e)) from e
+    self.last_saved = d
+    self.blocked_s.append(time.perf_counter() - t0)
+    return d
+
 @patch
 def wait_staged(self: Checkpointer):
     """Block until the save in flight has copied the state: call it before anything changes the saved tensors (the

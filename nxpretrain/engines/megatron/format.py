@@ -16,8 +16,8 @@ from ...train.model_source import ModelSource, model_names, check_model
 
 # %% auto #0
 __all__ = ['TRACKER', 'TRANSFORMER_IMPLS', 'megatron_pairs', 'megatron_vocab', 'part_of', 'fused', 'save_folder',
-           'read_megatron', 'megatron_take', 'megatron_args', 'megatron_items', 'src_shape', 'source_transformer_impl',
-           'write_megatron', 'MegatronPlanner', 'extra_state_keys', 'extra_state_value']
+           'megatron_args', 'megatron_items', 'src_shape', 'source_transformer_impl', 'extra_state_keys',
+           'extra_state_value', 'MegatronPlanner', 'write_megatron', 'megatron_take', 'read_megatron']
 
 # %% ../../../nbs/api/48b_megatron_format.ipynb #a963bc22
 _LAYER = re.compile(r'^decoder\.layers\.(\d+)\.')
@@ -73,56 +73,6 @@ def save_folder(path) -> Path:
         raise CheckpointError(f"{p / TRACKER}: {text!r} is neither an iteration nor 'release'; pass a save folder")
     return p / f'iter_{int(text):07d}'
 
-# %% ../../../nbs/api/48b_megatron_format.ipynb #f8759d1f
-def read_megatron(path, recipe: Recipe | None = None) -> ModelSource:
-    "The model of the Megatron-LM torch_dist save at `path` (a save, checkpoints or run folder), read from its args."
-    from nxpretrain.engines.megatron.checkpoint import check_torch_dist, check_storage_files, recipe_beside
-    from nxpretrain.train.checkpoint import safe_reader
-    d = save_folder(path)
-    check_torch_dist(d)
-    common = read_common(d / 'common.pt') if (d / 'common.pt').is_file() else {}
-    found = recipe_beside(d)
-    job = from_yaml(found) if found else None
-    if 'args' in common:
-        cfg, (tp, pp, _, _) = megatron_model_config(common['args'], d / 'common.pt'), megatron_layout(common)
-        for given, where in ((recipe, 'recipe='), (job, found)):
-            if given is not None: check_model(cfg, given.model, d / 'common.pt', where)
-    elif (r := recipe or job) is not None: cfg, tp, pp = r.model, r.parallel.tp, r.parallel.pp
-    else: raise RecipeError(f"{d}: common.pt holds no Megatron-LM args and no recipe.yaml is beside it; pass recipe=")
-    metadata = safe_reader(d).read_metadata()
-    check_storage_files(d, metadata)
-    names = list(model_names(cfg))
-    take = megatron_take(d, metadata, cfg, names)
-    return ModelSource(cfg, names, take, str(d), recipe or job, (tp, pp))
-
-# %% ../../../nbs/api/48b_megatron_format.ipynb #a70b4d14
-def megatron_take(d: Path, metadata, cfg: ModelConfig, names):
-    "`take(name)` of the save in `d`: our tensor from its (stacked or per-layer) key; shapes checked first."
-    from nxpretrain.engines.megatron.checkpoint import saved_reader, read_box
-    saved, where = metadata.state_dict_metadata, d / '.metadata'
-    sources = {}
-    for ours, key, layer, part in megatron_pairs(cfg, names):
-        per_layer = None if layer is None else key.replace('decoder.layers.', f'decoder.layers.{layer}.')
-        if key in saved: sources[ours] = (key, layer, part)
-        elif per_layer in saved: sources[ours] = (per_layer, None, part)
-        else: raise CheckpointError(f"{where}: no {key!r}: not the {cfg.arch} model its args describe")
-    for ours, (key, layer, part) in sources.items():
-        if part == 'vocab' and (rows := saved[key].size[0]) < cfg.vocab_size:
-            raise CheckpointError(f"{where}: {key} has {rows} rows for a vocabulary of {cfg.vocab_size}")
-    reader, last = saved_reader(d, metadata), {}
-    def take(name: str):
-        key, layer, part = sources[name]
-        if (key, layer) not in last:
-            last.clear()
-            size, dtype = tuple(saved[key].size), saved[key].properties.dtype
-            offsets = (0,) * len(size) if layer is None else (layer,) + (0,) * (len(size) - 1)
-            box = size if layer is None else (1, *size[1:])
-            t = read_box(reader, key, offsets, box, dtype)
-            last[(key, layer)] = t if layer is None else t[0]
-        t = part_of(last[(key, layer)], part, cfg)
-        return t[:cfg.vocab_size] if part == 'vocab' else t
-    return take
-
 # %% ../../../nbs/api/48b_megatron_format.ipynb #decfaadf
 def megatron_args(cfg: ModelConfig, tp: int, pp: int, transformer_impl: str = 'local') -> argparse.Namespace:
     """The Megatron-LM args a save of `cfg` at (`tp`, `pp`) under spec `transformer_impl` records: the facts' model
@@ -164,34 +114,26 @@ def source_transformer_impl(src: ModelSource) -> str:
     if not common.is_file(): return 'local'
     return getattr(read_common(common).get('args'), 'transformer_impl', 'local')
 
-# %% ../../../nbs/api/48b_megatron_format.ipynb #09eb8b0b
-def write_megatron(src: ModelSource, out, tp: int = 1, pp: int = 1, dtype=None,
-                   transformer_impl: str | None = None) -> Path:
-    """Write `src` into folder `out` as a Megatron-LM torch_dist save at (`tp`, `pp`) for megatron-core's
-    `transformer_impl` spec ('local', or 'transformer_engine'; None: the source's own, `source_transformer_impl`):
-    tracker `release`, the save in `out/release`. `dtype`: the saved dtype (default float32). One layer of one tensor
-    is in memory at a time."""
-    import torch, torch.distributed.checkpoint as dcp
-    from nxpretrain.train.checkpoint import quiet_dcp
-    transformer_impl = transformer_impl or source_transformer_impl(src)
-    extra_state_keys(src.cfg, transformer_impl)             # a spec it does not know: one line, nothing written
-    if src.cfg.n_layers % pp: raise RecipeError(f"--pp {pp} does not divide the model's {src.cfg.n_layers} layers")
-    for what, n in (('heads', src.cfg.n_heads), ('query groups', src.cfg.kv_heads)):
-        if n % tp: raise RecipeError(f"--tp {tp} does not divide the model's {n} {what}")
-    out = Path(out)
-    d = out / 'release'
-    d.mkdir(parents=True)
-    items = megatron_items(src, tp)
-    dtype = dtype or torch.float32
-    with quiet_dcp():
-        dcp.save({}, storage_writer=dcp.FileSystemWriter(str(d), thread_count=1),
-                 planner=MegatronPlanner(src, items, dtype, transformer_impl), no_dist=True)
-    common = dict(args=megatron_args(src.cfg, tp, pp, transformer_impl), checkpoint_version=3.0, iteration=0)
-    torch.save(common, d / 'common.pt')
-    facts = megatron_facts()['save']['metadata_json']
-    (d / 'metadata.json').write_text(json.dumps({k: v for k, v in facts.items() if k != 'source'}))
-    (out / TRACKER).write_text('release')
-    return out
+# %% ../../../nbs/api/48b_megatron_format.ipynb #f9bcb965
+TRANSFORMER_IMPLS = ('local', 'transformer_engine')    # Megatron-LM's --transformer-impl choices (arguments.py:1002)
+
+def extra_state_keys(cfg: ModelConfig, impl: str = 'local') -> list[str]:
+    """The `_extra_state` keys megatron-core's GPTModel of `cfg` asks for under spec `impl`: one per module and layer
+    (stacked), and under TransformerEngine's one for the final norm."""
+    if impl not in TRANSFORMER_IMPLS:
+        raise RecipeError(f"transformer_impl={impl!r}: choose one of {', '.join(TRANSFORMER_IMPLS)}")
+    facts, L = megatron_facts(), cfg.n_layers
+    te = facts['transformer_engine'] if impl == 'transformer_engine' else dict(layer_extra_state=facts['extra_state'],
+                                                                               model_extra_state=[])
+    return ([f'decoder.layers.{m}._extra_state/shard_{i}_{L}' for m in te['layer_extra_state'] for i in range(L)] +
+            [f'{m}._extra_state/shard_0_1' for m in te['model_extra_state']])
+
+def extra_state_value(impl: str = 'local'):
+    "What each `_extra_state` entry of spec `impl` holds with no FP8: None (local), TE's empty uint8 tensor."
+    import torch
+    if impl == 'local': return None
+    value = megatron_facts()['transformer_engine']['value']
+    return torch.empty(value['numel'], dtype=getattr(torch, value['dtype']))
 
 # %% ../../../nbs/api/48b_megatron_format.ipynb #10d8aabd
 def _planner_class():
@@ -246,23 +188,81 @@ def MegatronPlanner(src, items, dtype, impl: str = 'local'):
     `_extra_state` entries of spec `impl`."""
     return _planner_class()(src, items, dtype, impl)
 
-# %% ../../../nbs/api/48b_megatron_format.ipynb #f9bcb965
-TRANSFORMER_IMPLS = ('local', 'transformer_engine')    # Megatron-LM's --transformer-impl choices (arguments.py:1002)
+# %% ../../../nbs/api/48b_megatron_format.ipynb #09eb8b0b
+def write_megatron(src: ModelSource, out, tp: int = 1, pp: int = 1, dtype=None,
+                   transformer_impl: str | None = None) -> Path:
+    """Write `src` into folder `out` as a Megatron-LM torch_dist save at (`tp`, `pp`) for megatron-core's
+    `transformer_impl` spec ('local', or 'transformer_engine'; None: the source's own, `source_transformer_impl`):
+    tracker `release`, the save in `out/release`. `dtype`: the saved dtype (default float32). One layer of one tensor
+    is in memory at a time."""
+    import torch, torch.distributed.checkpoint as dcp
+    from nxpretrain.train.checkpoint import quiet_dcp
+    transformer_impl = transformer_impl or source_transformer_impl(src)
+    extra_state_keys(src.cfg, transformer_impl)             # a spec it does not know: one line, nothing written
+    if src.cfg.n_layers % pp: raise RecipeError(f"--pp {pp} does not divide the model's {src.cfg.n_layers} layers")
+    for what, n in (('heads', src.cfg.n_heads), ('query groups', src.cfg.kv_heads)):
+        if n % tp: raise RecipeError(f"--tp {tp} does not divide the model's {n} {what}")
+    out = Path(out)
+    d = out / 'release'
+    d.mkdir(parents=True)
+    items = megatron_items(src, tp)
+    dtype = dtype or torch.float32
+    with quiet_dcp():
+        dcp.save({}, storage_writer=dcp.FileSystemWriter(str(d), thread_count=1),
+                 planner=MegatronPlanner(src, items, dtype, transformer_impl), no_dist=True)
+    common = dict(args=megatron_args(src.cfg, tp, pp, transformer_impl), checkpoint_version=3.0, iteration=0)
+    torch.save(common, d / 'common.pt')
+    facts = megatron_facts()['save']['metadata_json']
+    (d / 'metadata.json').write_text(json.dumps({k: v for k, v in facts.items() if k != 'source'}))
+    (out / TRACKER).write_text('release')
+    return out
 
-def extra_state_keys(cfg: ModelConfig, impl: str = 'local') -> list[str]:
-    """The `_extra_state` keys megatron-core's GPTModel of `cfg` asks for under spec `impl`: one per module and layer
-    (stacked), and under TransformerEngine's one for the final norm."""
-    if impl not in TRANSFORMER_IMPLS:
-        raise RecipeError(f"transformer_impl={impl!r}: choose one of {', '.join(TRANSFORMER_IMPLS)}")
-    facts, L = megatron_facts(), cfg.n_layers
-    te = facts['transformer_engine'] if impl == 'transformer_engine' else dict(layer_extra_state=facts['extra_state'],
-                                                                               model_extra_state=[])
-    return ([f'decoder.layers.{m}._extra_state/shard_{i}_{L}' for m in te['layer_extra_state'] for i in range(L)] +
-            [f'{m}._extra_state/shard_0_1' for m in te['model_extra_state']])
+# %% ../../../nbs/api/48b_megatron_format.ipynb #a70b4d14
+def megatron_take(d: Path, metadata, cfg: ModelConfig, names):
+    "`take(name)` of the save in `d`: our tensor from its (stacked or per-layer) key; shapes checked first."
+    from nxpretrain.engines.megatron.checkpoint import saved_reader, read_box
+    saved, where = metadata.state_dict_metadata, d / '.metadata'
+    sources = {}
+    for ours, key, layer, part in megatron_pairs(cfg, names):
+        per_layer = None if layer is None else key.replace('decoder.layers.', f'decoder.layers.{layer}.')
+        if key in saved: sources[ours] = (key, layer, part)
+        elif per_layer in saved: sources[ours] = (per_layer, None, part)
+        else: raise CheckpointError(f"{where}: no {key!r}: not the {cfg.arch} model its args describe")
+    for ours, (key, layer, part) in sources.items():
+        if part == 'vocab' and (rows := saved[key].size[0]) < cfg.vocab_size:
+            raise CheckpointError(f"{where}: {key} has {rows} rows for a vocabulary of {cfg.vocab_size}")
+    reader, last = saved_reader(d, metadata), {}
+    def take(name: str):
+        key, layer, part = sources[name]
+        if (key, layer) not in last:
+            last.clear()
+            size, dtype = tuple(saved[key].size), saved[key].properties.dtype
+            offsets = (0,) * len(size) if layer is None else (layer,) + (0,) * (len(size) - 1)
+            box = size if layer is None else (1, *size[1:])
+            t = read_box(reader, key, offsets, box, dtype)
+            last[(key, layer)] = t if layer is None else t[0]
+        t = part_of(last[(key, layer)], part, cfg)
+        return t[:cfg.vocab_size] if part == 'vocab' else t
+    return take
 
-def extra_state_value(impl: str = 'local'):
-    "What each `_extra_state` entry of spec `impl` holds with no FP8: None (local), TE's empty uint8 tensor."
-    import torch
-    if impl == 'local': return None
-    value = megatron_facts()['transformer_engine']['value']
-    return torch.empty(value['numel'], dtype=getattr(torch, value['dtype']))
+# %% ../../../nbs/api/48b_megatron_format.ipynb #f8759d1f
+def read_megatron(path, recipe: Recipe | None = None) -> ModelSource:
+    "The model of the Megatron-LM torch_dist save at `path` (a save, checkpoints or run folder), read from its args."
+    from nxpretrain.engines.megatron.checkpoint import check_torch_dist, check_storage_files, recipe_beside
+    from nxpretrain.train.checkpoint import safe_reader
+    d = save_folder(path)
+    check_torch_dist(d)
+    common = read_common(d / 'common.pt') if (d / 'common.pt').is_file() else {}
+    found = recipe_beside(d)
+    job = from_yaml(found) if found else None
+    if 'args' in common:
+        cfg, (tp, pp, _, _) = megatron_model_config(common['args'], d / 'common.pt'), megatron_layout(common)
+        for given, where in ((recipe, 'recipe='), (job, found)):
+            if given is not None: check_model(cfg, given.model, d / 'common.pt', where)
+    elif (r := recipe or job) is not None: cfg, tp, pp = r.model, r.parallel.tp, r.parallel.pp
+    else: raise RecipeError(f"{d}: common.pt holds no Megatron-LM args and no recipe.yaml is beside it; pass recipe=")
+    metadata = safe_reader(d).read_metadata()
+    check_storage_files(d, metadata)
+    names = list(model_names(cfg))
+    take = megatron_take(d, metadata, cfg, names)
+    return ModelSource(cfg, names, take, str(d), recipe or job, (tp, pp))

@@ -27,8 +27,8 @@ from ...seeds import carried_env, job_seed, write_differences
 __all__ = ['RECOMPUTE_MODULES', 'SEED2_CHECKPOINT_FLAGS', 'RANK_SH', 'UNFINISHED', 'MEGATRON_COMMIT',
            'parse_megatron_line', 'megatron_checkpoints', 'megatron_memory', 'megatron_problems', 'model_flags',
            'layout_flags', 'training_flags', 'save_interval', 'exit_minutes', 'hf_tokenizer_dir', 'io_flags',
-           'flag_lines', 'megatron_paths', 'megatron_job', 'mount_problems', 'planned_seconds', 'export_megatron',
-           'megatron_needs', 'megatron_checkout', 'megatron_setup_steps', 'job_transformer_impl', 'MegatronEngine']
+           'flag_lines', 'megatron_paths', 'megatron_needs', 'megatron_job', 'mount_problems', 'planned_seconds',
+           'export_megatron', 'megatron_checkout', 'megatron_setup_steps', 'job_transformer_impl', 'MegatronEngine']
 
 # %% ../../../nbs/api/52b_megatron.ipynb #77abbaa7
 _ITERATION = re.compile(r'iteration\s+(\d+)/\s*(\d+)\s*\|')
@@ -224,6 +224,25 @@ def megatron_paths(flags: list[tuple], env: dict) -> list[str]:
             paths += [v + '.bin', v + '.idx'] if f[0] == 'data-path' else [v]
     return paths + [str(v) for v in env.values() if str(v).startswith('/')]
 
+# %% ../../../nbs/api/52b_megatron.ipynb #eaa61fe2
+MEGATRON_COMMIT = load_contract()['commit']
+
+def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '', recipe: str = 'RECIPE') -> dict:
+    """{path the job reads: what makes it} for the container image, the checkout, the data and the tokenizer files the
+    flags name."""
+    values = {f[0]: f[1:] for f in flags}
+    needs = {f"{megatron_lm}/pretrain_gpt.py": f"git clone https://github.com/NVIDIA/Megatron-LM {megatron_lm} && "
+                                                f"git -C {megatron_lm} checkout {MEGATRON_COMMIT}"}
+    if container.endswith('.sqsh'):
+        needs[container] = image_hint(container)
+    needs.update({p + '.idx': f"prepare the corpus: nxpretrain data {recipe}" for p in values['data-path'][1::2]
+                  or values['data-path']})
+    needs.update({values[k][0]: 'GPT-2 vocab.json and merges.txt from https://huggingface.co/gpt2'
+                  for k in ('vocab-file', 'merge-file') if k in values})
+    if 'tokenizer-model' in values:
+        needs[values['tokenizer-model'][0] + '/tokenizer.json'] = "the model's Hugging Face tokenizer.json"
+    return needs
+
 # %% ../../../nbs/api/52b_megatron.ipynb #87cfc534
 def megatron_job(r: Recipe, prof, out: Path, rank_sh: Path, flags: list[tuple], megatron_lm: str,
                  data_root) -> Job:
@@ -266,8 +285,6 @@ def planned_seconds(r: Recipe) -> tuple[float, float]:
     return engine_step_time(r, engine).total, save_bytes / (r.cluster.storage_gbps * 1e9)
 
 # %% ../../../nbs/api/52b_megatron.ipynb #56fabcbf
-MEGATRON_COMMIT = load_contract()['commit']
-
 def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs/data', megatron_lm: str = '',
                     init_from: str = '', init_from_hf: str = '', **options) -> dict:
     """Write the Megatron-LM job of `recipe` under `out_dir` (the Megatron-LM checkout: `megatron_lm`, default
@@ -302,22 +319,6 @@ def export_megatron(recipe, out_dir, cluster=None, overrides=(), data_root='runs
         job.needs[f'{init_from}/{TRACKER}'] = 'convert the HF weights (any CPU): ' + engine_of(r).init_from_command(
             r, init_from_hf or '<the HF model folder>', init_from)
     return {'train': job}
-
-def megatron_needs(flags: list[tuple], megatron_lm: str, container: str = '', recipe: str = 'RECIPE') -> dict:
-    """{path the job reads: what makes it} for the container image, the checkout, the data and the tokenizer files the
-    flags name."""
-    values = {f[0]: f[1:] for f in flags}
-    needs = {f"{megatron_lm}/pretrain_gpt.py": f"git clone https://github.com/NVIDIA/Megatron-LM {megatron_lm} && "
-                                                f"git -C {megatron_lm} checkout {MEGATRON_COMMIT}"}
-    if container.endswith('.sqsh'):
-        needs[container] = image_hint(container)
-    needs.update({p + '.idx': f"prepare the corpus: nxpretrain data {recipe}" for p in values['data-path'][1::2]
-                  or values['data-path']})
-    needs.update({values[k][0]: 'GPT-2 vocab.json and merges.txt from https://huggingface.co/gpt2'
-                  for k in ('vocab-file', 'merge-file') if k in values})
-    if 'tokenizer-model' in values:
-        needs[values['tokenizer-model'][0] + '/tokenizer.json'] = "the model's Hugging Face tokenizer.json"
-    return needs
 
 # %% ../../../nbs/api/52b_megatron.ipynb #92028ab3
 def megatron_checkout() -> dict:
