@@ -93,8 +93,8 @@ def step_command(job: Job, prof: ClusterProfile) -> str:
     "The one shell line each node's srun task runs: torchrun with the Slurm rendezvous, then the job's program."
     rdzv = ['--nnodes', str(job.nodes), '--nproc-per-node', str(job.devices_per_node), '--rdzv-id', '$SLURM_JOB_ID',
             '--rdzv-backend', 'c10d', '--rdzv-endpoint', '$MASTER_ADDR:$MASTER_PORT']
-    words = [*torchrun_argv(prof.container), *rdzv, *map(str, job.argv)]
-    return ' '.join(f'"{a}"' if a.startswith('$') else shlex.quote(a) for a in words)
+    ours = ' '.join(f'"{a}"' if a.startswith('$') else shlex.quote(a) for a in [*torchrun_argv(prof.container), *rdzv])
+    return f"{ours} {quote_argv(job.argv)}"      # the job's own words are single-quoted, even one that starts with $
 
 def _srun_options(job: Job, prof: ClusterProfile) -> str:
     if not prof.container: return ''
@@ -196,6 +196,9 @@ def _step_script(job: Job, prof: ClusterProfile) -> list[str]:
 # %% ../../nbs/api/56_slurm.ipynb #4566badd
 def _slurm(*argv, check=True, timeout=60) -> str:
     "Run a Slurm command; a failure is a `SlurmError` in our words (what is missing here, or Slurm's own last line)."
+    if not shutil.which(str(argv[0])):          # no Slurm here: say so in a line, not as a FileNotFoundError
+        if check: raise SlurmError(slurm_problem() or f"no Slurm here: {argv[0]} is not on PATH")
+        return ''
     p = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout)
     if check and p.returncode: raise SlurmError(slurm_problem() or explain_slurm(p.stderr or p.stdout))
     return p.stdout
@@ -414,5 +417,6 @@ def node_command(script: str, partition: str = '', wait_s: int = 60, name: str =
 
 def run_on_a_node(script: str, partition: str = '', wait_s: int = 60) -> subprocess.CompletedProcess:
     "Run `node_command`: its stdout, stderr and exit status (no node free within `wait_s` s is a non-zero exit)."
+    if not shutil.which('srun'): raise SlurmError(slurm_problem() or "no Slurm here: srun is not on PATH")
     return subprocess.run(node_command(script, partition, wait_s), capture_output=True, text=True,
                           timeout=wait_s + 300)
