@@ -11,8 +11,8 @@ from ..errors import DataError
 from .indexed import IndexedDataset
 
 # %% auto #0
-__all__ = ['HDF5_KEYS', 'BERT_SPECIAL', 'BlockDataset', 'mask_tokens', 'BertDataset', 'BertHDF5Dataset',
-           'write_bert_hdf5', 'bert_special_ids', 'bert_hdf5_shards', 'build_bert_datasets']
+__all__ = ['HDF5_KEYS', 'BERT_SPECIAL', 'BlockDataset', 'mask_tokens', 'BertDataset', 'write_bert_hdf5',
+           'BertHDF5Dataset', 'bert_special_ids', 'bert_hdf5_shards', 'build_bert_datasets']
 
 # %% ../../nbs/api/16_blocks_bert.ipynb #91e96181
 class BlockDataset:
@@ -144,6 +144,28 @@ def _check_chunks(path, dset) -> None:
         raise DataError(f'{path}: {dset.name[1:]} misses {missing} chunk(s) (a damaged chunk index); the shard is '
                         'corrupt: copy or make it again')
 
+# %% ../../nbs/api/16_blocks_bert.ipynb #c94dbf35
+def write_bert_hdf5(path: str | Path, samples, max_predictions: int = 20) -> Path:
+    "Write BertDataset-style samples as a seed-3 HDF5 shard."
+    import h5py
+    rows = {k: [] for k in HDF5_KEYS}
+    for s in samples:
+        lab = s['labels'].numpy()
+        pos = np.flatnonzero(lab != -100)[:max_predictions]
+        p = np.zeros(max_predictions, np.int64)
+        p[:len(pos)] = pos
+        i = np.zeros(max_predictions, np.int64)
+        i[:len(pos)] = lab[pos]
+        values = (s['input_ids'].numpy(), s['attention_mask'].numpy(), s['token_type_ids'].numpy(), p, i,
+                  int(s['next_sentence_label']))
+        for k, v in zip(HDF5_KEYS, values): rows[k].append(v)
+    with h5py.File(path, 'w') as f:
+        # Fletcher-32: a flipped bit fails the read; -1 (out of every range) where a chunk is lost
+        for k, v in rows.items():
+            f.create_dataset(k, data=np.asarray(v, np.int32 if k != 'next_sentence_labels' else np.int8),
+                             fletcher32=True, fillvalue=-1)
+    return Path(path)
+
 # %% ../../nbs/api/16_blocks_bert.ipynb #3d7cd65c
 class BertHDF5Dataset:
     "Items of one seed-3 BERT HDF5 shard, checked when opened."
@@ -172,28 +194,6 @@ class BertHDF5Dataset:
         return {'input_ids': t(a['input_ids']), 'attention_mask': t(a['input_mask']),
                 'token_type_ids': t(a['segment_ids']), 'labels': t(labels),
                 'next_sentence_label': torch.tensor(int(a['next_sentence_labels']))}
-
-# %% ../../nbs/api/16_blocks_bert.ipynb #c94dbf35
-def write_bert_hdf5(path: str | Path, samples, max_predictions: int = 20) -> Path:
-    "Write BertDataset-style samples as a seed-3 HDF5 shard."
-    import h5py
-    rows = {k: [] for k in HDF5_KEYS}
-    for s in samples:
-        lab = s['labels'].numpy()
-        pos = np.flatnonzero(lab != -100)[:max_predictions]
-        p = np.zeros(max_predictions, np.int64)
-        p[:len(pos)] = pos
-        i = np.zeros(max_predictions, np.int64)
-        i[:len(pos)] = lab[pos]
-        values = (s['input_ids'].numpy(), s['attention_mask'].numpy(), s['token_type_ids'].numpy(), p, i,
-                  int(s['next_sentence_label']))
-        for k, v in zip(HDF5_KEYS, values): rows[k].append(v)
-    with h5py.File(path, 'w') as f:
-        # Fletcher-32: a flipped bit fails the read; -1 (out of every range) where a chunk is lost
-        for k, v in rows.items():
-            f.create_dataset(k, data=np.asarray(v, np.int32 if k != 'next_sentence_labels' else np.int8),
-                             fletcher32=True, fillvalue=-1)
-    return Path(path)
 
 # %% ../../nbs/api/16_blocks_bert.ipynb #d78ed062
 BERT_SPECIAL = ('[CLS]', '[SEP]', '[MASK]', '[PAD]')

@@ -16,7 +16,7 @@ from ..errors import CheckpointError, RecipeError
 
 # %% auto #0
 __all__ = ['CHECKED', 'ModelSource', 'model_names', 'cut_vocab', 'check_new_folder', 'atomic_folder',
-           'model_mismatches', 'check_model', 'native_save', 'read_native', 'write_native', 'engine_view']
+           'model_mismatches', 'check_model', 'write_native', 'native_save', 'read_native', 'engine_view']
 
 # %% ../../nbs/api/48_convert_source.ipynb #35590006
 class ModelSource(NamedTuple):
@@ -80,26 +80,6 @@ def check_model(saved: ModelConfig, given: ModelConfig, where, given_where):
         raise RecipeError(f"{given_where} does not describe the model {where} holds ({'; '.join(bad)} – the "
                           f"checkpoint's value first): drop it, or fix model.<field>")
 
-# %% ../../nbs/api/48_convert_source.ipynb #7d344387
-def native_save(path) -> Path:
-    "The nxpretrain save `path` names: itself (a `step_N`), or the newest complete one of a checkpoints or run folder."
-    from nxpretrain.train.checkpoint import latest_checkpoint
-    p = Path(path)
-    if (p / 'trainer_state.json').is_file(): return p
-    for root in (p, p / 'checkpoints'):
-        if root.is_dir() and (found := latest_checkpoint(root, deep=False, log=lambda *a: None)): return found
-    raise CheckpointError(f"{p}: no trainer_state.json and no complete step_N under it; pass a checkpoint folder")
-
-def read_native(path, recipe: Recipe | None = None) -> ModelSource:
-    "The model of nxpretrain checkpoint `path`, from the recipe its trainer_state.json records."
-    from nxpretrain.train.checkpoint import checkpoint_recipe, checkpoint_tensors
-    d = native_save(path)
-    r = checkpoint_recipe(d)
-    if recipe is not None: check_model(r.model, recipe.model, d / 'trainer_state.json', 'recipe=')
-    _, take = checkpoint_tensors(d)
-    return ModelSource(r.model, list(model_names(r.model)), cut_vocab(take, r.model.vocab_size), str(d), r,
-                       (r.parallel.tp, r.parallel.pp))
-
 # %% ../../nbs/api/48_convert_source.ipynb #32a3488e
 def write_native(src: ModelSource, out, tp: int = 1, pp: int = 1) -> Path:
     "Write `src` as nxpretrain checkpoint `out/step_0` (+ `out/recipe.yaml`), its vocabulary padded for `tp`."
@@ -130,6 +110,26 @@ def write_native(src: ModelSource, out, tp: int = 1, pp: int = 1) -> Path:
     ck.wait()                                          # its pruning thread is done before the folder is renamed
     to_yaml(r, out / 'recipe.yaml')
     return out / 'step_0'
+
+# %% ../../nbs/api/48_convert_source.ipynb #7d344387
+def native_save(path) -> Path:
+    "The nxpretrain save `path` names: itself (a `step_N`), or the newest complete one of a checkpoints or run folder."
+    from nxpretrain.train.checkpoint import latest_checkpoint
+    p = Path(path)
+    if (p / 'trainer_state.json').is_file(): return p
+    for root in (p, p / 'checkpoints'):
+        if root.is_dir() and (found := latest_checkpoint(root, deep=False, log=lambda *a: None)): return found
+    raise CheckpointError(f"{p}: no trainer_state.json and no complete step_N under it; pass a checkpoint folder")
+
+def read_native(path, recipe: Recipe | None = None) -> ModelSource:
+    "The model of nxpretrain checkpoint `path`, from the recipe its trainer_state.json records."
+    from nxpretrain.train.checkpoint import checkpoint_recipe, checkpoint_tensors
+    d = native_save(path)
+    r = checkpoint_recipe(d)
+    if recipe is not None: check_model(r.model, recipe.model, d / 'trainer_state.json', 'recipe=')
+    _, take = checkpoint_tensors(d)
+    return ModelSource(r.model, list(model_names(r.model)), cut_vocab(take, r.model.vocab_size), str(d), r,
+                       (r.parallel.tp, r.parallel.pp))
 
 # %% ../../nbs/api/48_convert_source.ipynb #557fed16
 def engine_view(src: ModelSource) -> tuple:

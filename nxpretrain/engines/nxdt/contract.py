@@ -75,8 +75,6 @@ def load_struct(yaml_path):
     assert OmegaConf.is_struct(cfg), 'Hydra returned a config not in struct mode'
     return cfg
 
-
-
 # %% ../../../nbs/api/58_nxdt_contract.ipynb #1b3d8e88
 def _read(cfg, key: str):
     node = cfg
@@ -195,9 +193,6 @@ def differences(export: dict, recipe) -> list[dict]:
         rows.append({'recipe': getattr(recipe, 'name', recipe), 'key': key, 'ours': ours, 'nxdt_example': theirs,
                      'reason': difference_reason(key, name, theirs, source)})
     return rows
-
-
-
 
 # %% ../../../nbs/api/58_nxdt_contract.ipynb #c3527d42
 _PATHS = ('data.train_dir', 'data.data_prefix', 'data.tokenizer.vocab_file', 'data.tokenizer.merge_file',

@@ -102,7 +102,6 @@ class NxdUnpickler(ArgsUnpickler):
         if (module, name) == ('torch_xla.utils.serialization', 'TensorReference'): return TensorReference
         return super().find_class(module, name)
 
-# %% ../../../nbs/api/48c_nxd_format.ipynb #1d9ade7a
 @contextmanager
 def _xser_names():
     "While pickling: our stub importable under xser's module name (pickle names a class by where it is found)."
@@ -119,6 +118,7 @@ def _xser_names():
         for n, m in saved.items():
             if m is None: sys.modules.pop(n, None)
 
+# %% ../../../nbs/api/48c_nxd_format.ipynb #1d9ade7a
 def save_rank(state: dict, f: Path, xser: bool):
     "Write one rank's state dict to `f`: `torch.save`, or xser's stub file + tensor files + info."
     import torch
