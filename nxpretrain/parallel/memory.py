@@ -15,7 +15,7 @@ from ..models.registry import family
 from ..engines.base import GiB, Memory
 
 # %% auto #0
-__all__ = ['rank_parameters', 'engine_memory', 'in_flight']
+__all__ = ['rank_parameters', 'in_flight', 'engine_memory']
 
 # %% ../../nbs/api/34k_memory.ipynb #77cbdef8
 def _kv_extra(r: Recipe) -> float:
@@ -98,14 +98,6 @@ def _block_activations(r: Recipe) -> float:
     return kept
 
 # %% ../../nbs/api/34k_memory.ipynb #b31bea8f
-def engine_memory(r: Recipe, dp: int) -> Memory:
-    "Bytes per device of nxpretrain's own engine for `r`: each category at its busiest pipeline rank."
-    p = r.parallel
-    n = max(rank_parameters(r))
-    shard = dp * p.cp if p.fsdp else 1
-    opt = 8 * n / (dp * p.cp if (p.zero1 or p.fsdp) else 1)
-    return Memory(4 * n / shard, 4 * n / shard, opt, _engine_activations(r, dp), _pipeline_buffers(r, dp))
-
 def _micro_batches(r: Recipe, dp: int) -> int:
     return max(r.data.global_batch // (r.data.micro_batch * dp), 1)
 
@@ -173,3 +165,12 @@ def _pipeline_buffers(r: Recipe, dp: int) -> float:
     if p.pp_schedule == 'gpipe': return one * (n + 1)   # every micro-batch's forward before any backward
     # 1F1B: rank k ≥ 1 holds PP − k micro-batches' inputs, and every rank but the last a gradient coming back
     return one * max(min(n, p.pp - k) + (k < p.pp - 1) for k in range(1, p.pp))
+
+# %% ../../nbs/api/34k_memory.ipynb #36dc4b2c
+def engine_memory(r: Recipe, dp: int) -> Memory:
+    "Bytes per device of nxpretrain's own engine for `r`: each category at its busiest pipeline rank."
+    p = r.parallel
+    n = max(rank_parameters(r))
+    shard = dp * p.cp if p.fsdp else 1
+    opt = 8 * n / (dp * p.cp if (p.zero1 or p.fsdp) else 1)
+    return Memory(4 * n / shard, 4 * n / shard, opt, _engine_activations(r, dp), _pipeline_buffers(r, dp))

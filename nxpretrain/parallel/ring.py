@@ -11,7 +11,7 @@ from ..errors import RecipeError
 from ..validate import sequence_problems
 
 # %% auto #0
-__all__ = ['cp_positions', 'cp_shard', 'cp_unshard', 'ring_pass', 'block_attention', 'merge_blocks', 'ring_attention',
+__all__ = ['cp_positions', 'cp_shard', 'cp_unshard', 'block_attention', 'merge_blocks', 'ring_attention',
            'RingAttention', 'check_ring_attention']
 
 # %% ../../nbs/api/32_ring.ipynb #45a0b652
@@ -53,7 +53,7 @@ class _RingPass(torch.autograd.Function):
     def backward(ctx, grad):
         return _shift(grad, ctx.group, -1), None
 
-def ring_pass(x: torch.Tensor, group) -> torch.Tensor:
+def _ring_pass(x: torch.Tensor, group) -> torch.Tensor:
     "`x` of the previous rank in `group`; gradients flow back to the sender."
     return _RingPass.apply(x, group)
 
@@ -84,7 +84,7 @@ def ring_attention(q, k, v, group, causal: bool = True, scale=None, dropout: flo
     qpos = cp_positions(S, cp, r).to(q.device)
     kv, outs, lses = torch.stack([k, v]), [], []
     for step in range(cp):
-        if step: kv = ring_pass(kv, group)
+        if step: kv = _ring_pass(kv, group)
         kpos = cp_positions(S, cp, (r - step) % cp).to(q.device)
         keep = (kpos[None, :] <= qpos[:, None]) if causal else None
         if keep is not None and not keep.any(): continue
