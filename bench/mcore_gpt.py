@@ -57,10 +57,10 @@ def cuda_on_cpu():
             return func(*args, **kwargs)
     return CudaOnCpu()
 
-def init_megatron(device: str, tp: int = 1):
-    "megatron-core's model-parallel state in the world the caller has started (TP = `tp`, PP = 1)."
+def init_megatron(device: str, tp: int = 1, pp: int = 1):
+    "megatron-core's model-parallel state in the world the caller has started (TP = `tp`, PP = `pp`)."
     from megatron.core import parallel_state, tensor_parallel
-    if not parallel_state.model_parallel_is_initialized(): parallel_state.initialize_model_parallel(tp, 1)
+    if not parallel_state.model_parallel_is_initialized(): parallel_state.initialize_model_parallel(tp, pp)
     if device == 'cuda': tensor_parallel.model_parallel_cuda_manual_seed(0)
     else: cpu_shims()
 
