@@ -12,9 +12,10 @@ this CPU (its DDP wrapper and optimizer under `bench/mcore_gpt.cuda_on_cpu`, whi
 - its save after one of those steps (as Megatron-LM's `save_checkpoint` writes it) → `nxpretrain convert --to
   native` → our engine resumes and the remaining losses equal the uninterrupted run's.
 
-At --pp 2 (gpt_pp2) each rank builds its pipeline stage, strict-loads its share, and the M steps go through
-megatron-core's own 1F1B schedule (`get_forward_backward_func`, p2p over gloo) with `finalize_model_grads` (the tied
-embedding's gradient all-reduced between the stages: without it the curve leaves by 4.7e-4, measured)."""
+At --pp 2 (gpt_pp2: the tied embedding on both stages; llama_gqa_pp2: untied) each rank builds its pipeline stage,
+strict-loads its share, and the M steps go through megatron-core's own 1F1B schedule (`get_forward_backward_func`, p2p
+over gloo) with `finalize_model_grads` (the tied embedding's gradient all-reduced between the stages: without it the
+gpt_pp2 curve leaves by 4.7e-4, measured)."""
 import datetime, json, os, subprocess, sys
 from pathlib import Path
 import numpy as np
@@ -30,10 +31,11 @@ RECIPE = ['model.n_layers=2', 'model.hidden=64', 'model.n_heads=4', 'model.vocab
           'trainer.eval_every=0', 'trainer.log_every=1', f'trainer.save_every={N}', 'parallel.precision=fp32',
           'optim.warmup_steps=2', 'optim.lr=3e-3', 'optim.min_lr=3e-4', f'trainer.max_steps={STEPS}']
 # case → (recipe, its overrides, Megatron-LM's TP, PP): our run is TP 1, PP 1; megatron-core goes on at this layout
-# (PP 2: each stage's GPTModel on its rank, its 1F1B schedule with p2p over gloo, the tied embedding on both stages)
+# (PP 2: each stage's GPTModel on its rank, its 1F1B schedule with p2p over gloo; GPT's embedding tied, Llama's not)
 CASES = {'gpt_tp1': ('gpt3_tiny', ['model.max_position=null', 'model.ffn_hidden=null'], 1, 1),
          'gpt_pp2': ('gpt3_tiny', ['model.max_position=null', 'model.ffn_hidden=null'], 1, 2),
          'llama_gqa_tp2': ('llama3_tiny', ['model.n_kv_heads=2', 'model.ffn_hidden=96'], 2, 1),
+         'llama_gqa_pp2': ('llama3_tiny', ['model.n_kv_heads=2', 'model.ffn_hidden=96'], 1, 2),
          'llama_bf16_tp2': ('llama3_tiny', ['model.n_kv_heads=2', 'model.ffn_hidden=96', 'parallel.precision=bf16'], 2,
                             1)}
 
