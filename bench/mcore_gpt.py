@@ -30,7 +30,9 @@ def cpu_shims():
 
 def cpu_save_shims():
     """Let megatron-core's torch_dist save run on a CPU: no CUDA synchronisation, its failure flag on the CPU, and no
-    per-writer memory log where psutil is missing."""
+    per-writer memory log where psutil is missing. Its pipeline schedule's p2p needs the first two as well (0.16.1:
+    receive buffers on `torch.cuda.current_device()`, pipeline_parallel/p2p_communication.py:313, 321;
+    `torch.cuda.synchronize()` after `batch_isend_irecv`, :398; both "Torch not compiled with CUDA enabled")."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.current_device = lambda: 'cpu'
