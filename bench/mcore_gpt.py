@@ -30,7 +30,9 @@ def cpu_shims():
 
 def cpu_save_shims():
     """Let megatron-core's torch_dist save run on a CPU: no CUDA synchronisation, its failure flag on the CPU, and no
-    per-writer memory log where psutil is missing."""
+    per-writer memory log where psutil is missing. Its pipeline schedule's p2p needs the first two as well (0.16.1:
+    receive buffers on `torch.cuda.current_device()`, pipeline_parallel/p2p_communication.py:313, 321;
+    `torch.cuda.synchronize()` after `batch_isend_irecv`, :398; both "Torch not compiled with CUDA enabled")."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.current_device = lambda: 'cpu'
@@ -57,10 +59,10 @@ def cuda_on_cpu():
             return func(*args, **kwargs)
     return CudaOnCpu()
 
-def init_megatron(device: str, tp: int = 1):
-    "megatron-core's model-parallel state in the world the caller has started (TP = `tp`, PP = 1)."
+def init_megatron(device: str, tp: int = 1, pp: int = 1):
+    "megatron-core's model-parallel state in the world the caller has started (TP = `tp`, PP = `pp`)."
     from megatron.core import parallel_state, tensor_parallel
-    if not parallel_state.model_parallel_is_initialized(): parallel_state.initialize_model_parallel(tp, 1)
+    if not parallel_state.model_parallel_is_initialized(): parallel_state.initialize_model_parallel(tp, pp)
     if device == 'cuda': tensor_parallel.model_parallel_cuda_manual_seed(0)
     else: cpu_shims()
 

@@ -45,15 +45,16 @@ def hf_model(cfg: ModelConfig, seed: int = 0):
     return randomize_(model.float().eval(), std=0.5, seed=seed)
 
 
-def megatron_model(cfg: ModelConfig, vocab: int, tp: int):
-    "megatron-core's GPTModel of `cfg` (local spec) on the CPU, this rank's TP shard."
+def megatron_model(cfg: ModelConfig, vocab: int, tp: int, pp: int = 1):
+    "megatron-core's GPTModel of `cfg` (local spec) on the CPU, this rank's TP shard of its pipeline stage at PP `pp`."
     import torch.nn.functional as F
     sys.path.insert(0, str(ROOT / 'bench'))
     import mcore_gpt
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.models.gpt import gpt_layer_specs as specs
-    mcore_gpt.init_megatron('cpu', tp)
+    from megatron.core import parallel_state
+    mcore_gpt.init_megatron('cpu', tp, pp)
     llama = cfg.arch == 'llama'
     shape = dict(normalization='RMSNorm', gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
                  num_query_groups=cfg.kv_heads) if llama else {}
@@ -61,12 +62,16 @@ def megatron_model(cfg: ModelConfig, vocab: int, tp: int):
                                ffn_hidden_size=cfg.ffn, layernorm_epsilon=cfg.norm_eps, hidden_dropout=0.0,
                                attention_dropout=0.0, use_cpu_initialization=True, bias_activation_fusion=False,
                                bias_dropout_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-                               gradient_accumulation_fusion=False, tensor_model_parallel_size=tp, **shape)
+                               gradient_accumulation_fusion=False, tensor_model_parallel_size=tp,
+                               pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32 if pp > 1 else None,
+                               **shape)
     spec = specs.get_gpt_layer_local_spec(normalization='RMSNorm' if llama else 'LayerNorm')
     positions = dict(position_embedding_type='rope', rotary_base=int(cfg.rope_theta)) if llama else \
         dict(position_embedding_type='learned_absolute')
     return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=vocab, max_sequence_length=cfg.positions,
-                    share_embeddings_and_output_weights=cfg.tie_embeddings, **positions).eval()
+                    share_embeddings_and_output_weights=cfg.tie_embeddings, **positions,
+                    pre_process=parallel_state.is_pipeline_first_stage(),
+                    post_process=parallel_state.is_pipeline_last_stage()).eval()
 
 
 def megatron_logits(model, vocab: int, tp: int) -> torch.Tensor:

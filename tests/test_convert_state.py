@@ -10,7 +10,12 @@ this CPU (its DDP wrapper and optimizer under `bench/mcore_gpt.cuda_on_cpu`, whi
   within the equality matrix's tolerance (`testing.layouts.TOLERANCE`), and a continuation with a fresh optimizer
   does not (the test can fail);
 - its save after one of those steps (as Megatron-LM's `save_checkpoint` writes it) → `nxpretrain convert --to
-  native` → our engine resumes and the remaining losses equal the uninterrupted run's."""
+  native` → our engine resumes and the remaining losses equal the uninterrupted run's.
+
+At --pp 2 (gpt_pp2: the tied embedding on both stages; llama_gqa_pp2: untied) each rank builds its pipeline stage,
+strict-loads its share, and the M steps go through megatron-core's own 1F1B schedule (`get_forward_backward_func`, p2p
+over gloo) with `finalize_model_grads` (the tied embedding's gradient all-reduced between the stages: without it the
+gpt_pp2 curve leaves by 4.7e-4, measured)."""
 import datetime, json, os, subprocess, sys
 from pathlib import Path
 import numpy as np
@@ -25,15 +30,19 @@ RECIPE = ['model.n_layers=2', 'model.hidden=64', 'model.n_heads=4', 'model.vocab
           'model.make_vocab_size_divisible_by=64', 'data.micro_batch=2', 'data.global_batch=4', 'trainer.threads=1',
           'trainer.eval_every=0', 'trainer.log_every=1', f'trainer.save_every={N}', 'parallel.precision=fp32',
           'optim.warmup_steps=2', 'optim.lr=3e-3', 'optim.min_lr=3e-4', f'trainer.max_steps={STEPS}']
-# case → (recipe, its overrides, Megatron-LM's TP): our run is TP 1; megatron-core goes on at this TP, and back
-CASES = {'gpt_tp1': ('gpt3_tiny', ['model.max_position=null', 'model.ffn_hidden=null'], 1),
-         'llama_gqa_tp2': ('llama3_tiny', ['model.n_kv_heads=2', 'model.ffn_hidden=96'], 2),
-         'llama_bf16_tp2': ('llama3_tiny', ['model.n_kv_heads=2', 'model.ffn_hidden=96', 'parallel.precision=bf16'], 2)}
+# case → (recipe, its overrides, Megatron-LM's TP, PP): our run is TP 1, PP 1; megatron-core goes on at this layout
+# (PP 2: each stage's GPTModel on its rank, its 1F1B schedule with p2p over gloo; GPT's embedding tied, Llama's not)
+CASES = {'gpt_tp1': ('gpt3_tiny', ['model.max_position=null', 'model.ffn_hidden=null'], 1, 1),
+         'gpt_pp2': ('gpt3_tiny', ['model.max_position=null', 'model.ffn_hidden=null'], 1, 2),
+         'llama_gqa_tp2': ('llama3_tiny', ['model.n_kv_heads=2', 'model.ffn_hidden=96'], 2, 1),
+         'llama_gqa_pp2': ('llama3_tiny', ['model.n_kv_heads=2', 'model.ffn_hidden=96'], 1, 2),
+         'llama_bf16_tp2': ('llama3_tiny', ['model.n_kv_heads=2', 'model.ffn_hidden=96', 'parallel.precision=bf16'], 2,
+                            1)}
 
 
 def recipe(case: str, corpus: Path):
     from nxpretrain.recipes import get_recipe
-    name, overrides, _ = CASES[case]
+    name, overrides, _, _ = CASES[case]
     return get_recipe(name, f'data.corpus={corpus}', 'data.tokenizer=demo', *RECIPE, *overrides)
 
 
@@ -43,10 +52,10 @@ def cli(*argv):
                           env={**os.environ, 'PYTHONPATH': str(ROOT)})
 
 
-def megatron_setup(r, load: Path, optimizer_state: bool, tp: int):
-    """megatron-core's GPTModel of `r`, its DDP wrapper, optimizer and scheduler (made from the save's args as
-    Megatron-LM's `get_megatron_optimizer` / `get_optimizer_param_scheduler` make them), loaded from the save `load`
-    as `load_checkpoint` loads it; `optimizer_state=False`: the weights only, Adam afresh."""
+def megatron_setup(r, load: Path, optimizer_state: bool, tp: int, pp: int = 1):
+    """megatron-core's GPTModel of `r` (this rank's pipeline stage), its DDP wrapper, optimizer and scheduler (made from
+    the save's args as Megatron-LM's `get_megatron_optimizer` / `get_optimizer_param_scheduler` make them), loaded from
+    the save `load` as `load_checkpoint` loads it; `optimizer_state=False`: the weights only, Adam afresh."""
     sys.path.insert(0, str(ROOT / 'tests'))
     from test_convert_megatron import megatron_model
     from megatron.core import dist_checkpointing
@@ -57,7 +66,7 @@ def megatron_setup(r, load: Path, optimizer_state: bool, tp: int):
     from nxpretrain.engines.megatron.format import megatron_vocab
     from megatron.core.transformer.module import Float16Module
     args = torch.load(load / 'common.pt', weights_only=False)['args']      # Megatron-LM reads it so
-    model = megatron_model(r.model, megatron_vocab(r.model, tp), tp).train()
+    model = megatron_model(r.model, megatron_vocab(r.model, tp), tp, pp).train()
     if args.bf16:          # --bf16: Megatron-LM's get_model wraps the model in Float16Module (its weights in bf16)
         model.config.bf16, model.config.params_dtype = True, torch.bfloat16
         model = Float16Module(model.config, model)
@@ -87,22 +96,49 @@ def megatron_setup(r, load: Path, optimizer_state: bool, tp: int):
     return model, ddp, optimizer, scheduler, state
 
 
+POSITIONS = torch.arange(SEQ)[None]
+CAUSAL = torch.ones(1, 1, SEQ, SEQ, dtype=torch.bool).triu(1)
+
+
+def pipeline_step(ddp, micro: list) -> float:
+    """One iteration's forwards and backwards of the micro-batches `micro` through megatron-core's own schedule
+    (`get_forward_backward_func`: 1F1B, p2p over gloo; `finalize_model_grads` as Megatron-LM's `train` sets it: the
+    gradient sync and the tied embedding's all-reduce between the stages); its loss on the last stage, else NaN."""
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    ddp.config.finalize_model_grads_func = finalize_model_grads
+    def forward_step(batches, model):
+        x, y = next(batches)
+        def loss_func(out):          # the schedule divides it by the number of micro-batches, in place
+            loss = out.sum() / (MICRO * SEQ)
+            return loss, {'loss': loss.detach().clone()}
+        return model(x, POSITIONS.expand_as(x), CAUSAL, labels=y), loss_func
+    reduced = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(micro), model=[ddp],
+                                          num_microbatches=len(micro), seq_length=SEQ, micro_batch_size=MICRO)
+    return sum(d['loss'].item() for d in reduced) / len(micro) if reduced else float('nan')
+
+
 def megatron_steps(ddp, optimizer, scheduler, dataset, consumed: int, steps: int, after_step=None) -> tuple:
-    "(losses, learning rates) of `steps` Megatron-LM iterations from sample `consumed`: its micro-batches, its step."
-    positions = torch.arange(SEQ)[None]
-    causal = torch.ones(1, 1, SEQ, SEQ, dtype=torch.bool).triu(1)
+    """(losses, learning rates) of `steps` Megatron-LM iterations from sample `consumed`: its micro-batches, its step
+    (at PP > 1 through its pipeline schedule; the losses are the last stage's)."""
+    from megatron.core import parallel_state
     losses, lrs = [], []
     for k in range(steps):
         ddp.zero_grad_buffer()
         optimizer.zero_grad()
-        total = 0.0
+        micro = []
         for start in range(consumed, consumed + BATCH, MICRO):   # Megatron-LM's sampler: consecutive samples
             items = [dataset[i] for i in range(start, start + MICRO)]
-            x, y = (torch.stack([torch.as_tensor(it[k]) for it in items]).long() for k in ('tokens', 'labels'))
-            loss = ddp(x, positions.expand_as(x), causal, labels=y).sum() / (BATCH * SEQ)
-            loss.backward()
-            total += loss.item()
-        ddp.finish_grad_sync()
+            micro.append(tuple(torch.stack([torch.as_tensor(it[key]) for it in items]).long()
+                               for key in ('tokens', 'labels')))
+        if parallel_state.get_pipeline_model_parallel_world_size() > 1: total = pipeline_step(ddp, micro)
+        else:
+            total = 0.0
+            for x, y in micro:
+                loss = ddp(x, POSITIONS.expand_as(x), CAUSAL, labels=y).sum() / (BATCH * SEQ)
+                loss.backward()
+                total += loss.item()
+            ddp.finish_grad_sync()
         lrs.append(optimizer.param_groups[0]['lr'])
         updated, _, _ = optimizer.step()
         assert updated
@@ -128,13 +164,16 @@ def megatron_save(model, optimizer, scheduler, args, iteration: int, folder: Pat
 
 
 def moment_sums(optimizer) -> dict:
-    "Each Adam moment's sum of absolute values over the whole model (TP shards summed, replicated tensors once)."
+    """Each Adam moment's sum of absolute values over the whole model (TP shards summed, replicated tensors once,
+    pipeline stages summed, the tied embedding once: the last stage's output-layer copy is left out)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     first = parallel_state.get_tensor_model_parallel_rank() == 0
+    first_stage = parallel_state.is_pipeline_first_stage()
     sums = torch.zeros(2, dtype=torch.float64)
     for o in optimizer.chained_optimizers:
         for p, s in o.optimizer.state.items():
+            if getattr(p, 'shared_embedding', False) and not first_stage: continue
             if getattr(p, 'tensor_model_parallel', False) or first:
                 sums += torch.stack([s[m].double().abs().sum() for m in ('exp_avg', 'exp_avg_sq')])
     dist.all_reduce(sums)
@@ -167,20 +206,24 @@ def continue_in_megatron(out: str, case: str):
     sys.path.insert(0, str(ROOT / 'tests'))
     import mcore_gpt
     from test_data_megatron import _megatron_gpt
-    out, tp, rank = Path(out), CASES[case][2], dist.get_rank()
+    out, (_, _, tp, pp), rank = Path(out), CASES[case], dist.get_rank()
     r = recipe(case, out.parent / 'data' / 'corpus')
     mcore_gpt.cpu_save_shims()
-    mcore_gpt.init_megatron('cpu', tp)
+    mcore_gpt.init_megatron('cpu', tp, pp)
     dataset = _megatron_gpt(out.parent / 'data' / 'corpus', SEQ, r.data.split, r.trainer.seed,
                             (STEPS * BATCH, None, None), out / 'mcache')[0]        # rank 0 builds it
     res = {}
     with mcore_gpt.cuda_on_cpu():
-        model, ddp, optimizer, scheduler, state = megatron_setup(r, out / 'megatron' / f'iter_{N:07d}', True, tp)
+        model, ddp, optimizer, scheduler, state = megatron_setup(r, out / 'megatron' / f'iter_{N:07d}', True, tp, pp)
         args = state['args']
         adam = [s for o in optimizer.chained_optimizers for s in o.optimizer.state.values()]   # torch AdamW's
         from megatron.core import parallel_state
         gpt = getattr(model, 'module', model)                # under Float16Module with --bf16
+        layers = [None] * dist.get_world_size()           # each rank's stage: its layers' global numbers
+        dist.all_gather_object(layers, [layer.layer_number for layer in gpt.decoder.layers])
         res['loaded'] = dict(tp=parallel_state.get_tensor_model_parallel_world_size(),
+                             pp=parallel_state.get_pipeline_model_parallel_world_size(), layers=layers,
+                             args_layout=(args.tensor_model_parallel_size, args.pipeline_model_parallel_size),
                              qkv=tuple(gpt.decoder.layers[0].self_attention.linear_qkv.weight.shape),
                              iteration=state['iteration'], consumed=args.consumed_train_samples,
                              num_steps=scheduler.num_steps, lr=optimizer.param_groups[0]['lr'],
@@ -192,9 +235,9 @@ def continue_in_megatron(out: str, case: str):
             megatron_save(model, optimizer, scheduler, args, N + 1, out / 'megatron_run')
         res['losses'], res['lrs'] = megatron_steps(ddp, optimizer, scheduler, dataset, args.consumed_train_samples,
                                                    M, save_first)
-        _, ddp, optimizer, scheduler, state = megatron_setup(r, out / 'megatron' / f'iter_{N:07d}', False, tp)
+        _, ddp, optimizer, scheduler, state = megatron_setup(r, out / 'megatron' / f'iter_{N:07d}', False, tp, pp)
         res['fresh_losses'], _ = megatron_steps(ddp, optimizer, scheduler, dataset, N * BATCH, M)
-    if rank == 0: torch.save(res, out / 'megatron.pt')
+    if rank == dist.get_world_size() - 1: torch.save(res, out / 'megatron.pt')     # the last stage has the losses
 
 
 def worker(rank: int, world: int, port: int, out: str, case: str):
@@ -206,9 +249,9 @@ def worker(rank: int, world: int, port: int, out: str, case: str):
 
 
 def spawn(out: Path, case: str, timeout: float = 240) -> dict:
-    "What `continue_in_megatron` found, from fresh processes (megatron-core keeps global state), one per TP rank."
-    run_ranks(worker, (str(out), case), CASES[case][2], ['megatron.core.models.gpt.gpt_model'], timeout,
-              'megatron-core')
+    "What `continue_in_megatron` found, from fresh processes (megatron-core keeps global state), one per TP × PP rank."
+    run_ranks(worker, (str(out), case), CASES[case][2] * CASES[case][3], ['megatron.core.models.gpt.gpt_model'],
+              timeout, 'megatron-core')
     return torch.load(out / 'megatron.pt', weights_only=True)
 
 
@@ -253,7 +296,8 @@ def runs(request, corpus):
     train(r, str(out / 'ref'), STEPS, progress=False)
     ref = steps_of(out / 'ref', r.name)
     ours = out / 'ref' / r.name / 'checkpoints' / f'step_{N}'
-    p = cli('convert', ours, '--to', 'megatron', '--out', out / 'megatron', '--tp', CASES[case][2])
+    p = cli('convert', ours, '--to', 'megatron', '--out', out / 'megatron', '--tp', CASES[case][2], '--pp',
+            CASES[case][3])
     assert p.returncode == 0, p.stderr[-3000:]
     megatron = spawn(out, case)
     p = cli('convert', out / 'megatron_run', '--to', 'native', '--out', out / 'back')
@@ -267,8 +311,12 @@ def test_megatron_core_loads_the_whole_state_strictly_with_our_values(runs):
     from nxpretrain.engines.megatron.training_state import read_native_state, MOMENTS
     ours = read_native_state(checkpoint)
     loaded = megatron['loaded']
-    cfg, tp = ours.model.cfg, CASES[out.name][2]
-    assert loaded['tp'] == tp and loaded['qkv'] == ((cfg.n_heads + 2 * cfg.kv_heads) * cfg.head_dim // tp, cfg.hidden)
+    cfg, (_, _, tp, pp) = ours.model.cfg, CASES[out.name]
+    assert (loaded['tp'], loaded['pp']) == loaded['args_layout'] == (tp, pp)
+    per_stage = cfg.n_layers // pp                       # rank = stage × TP + TP rank; layer numbers from 1
+    assert loaded['layers'] == [list(range(r // tp * per_stage + 1, (r // tp + 1) * per_stage + 1))
+                                for r in range(tp * pp)], loaded['layers']
+    assert loaded['qkv'] == ((cfg.n_heads + 2 * cfg.kv_heads) * cfg.head_dim // tp, cfg.hidden)
     assert (out / 'megatron' / 'latest_checkpointed_iteration.txt').read_text() == str(N)
     assert (loaded['iteration'], loaded['consumed'], loaded['num_steps']) == (N, N * BATCH, N * BATCH)
     assert loaded['steps'] == [float(N)]
