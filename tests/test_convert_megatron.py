@@ -10,11 +10,11 @@
   it asks for, the save's only other key is the one TransformerEngine's spec adds (`format.yaml`), each `_extra_state`
   holds TE's empty uint8 tensor, the logits equal transformers', and the save reads back into HF; megatron-core
   cannot build the TE spec itself without transformer_engine (the NameError recorded)."""
-import argparse, datetime, os, subprocess, sys, time
+import argparse, datetime, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
 from nxpretrain.models.args import ModelConfig
-from nxpretrain.testing.spawn import free_port
+from mcore_ranks import run_ranks
 
 pytest.importorskip('megatron.core')
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,15 +149,8 @@ def worker(rank: int, world: int, port: int, out: str):
 
 def spawn(world: int, out: Path, timeout: float = 180) -> dict:
     "megatron-core's logits of the cases at TP `world`, from `world` fresh processes (megatron keeps global state)."
-    preload = ['torch', 'megatron.core.models.gpt.gpt_model', 'megatron.core.dist_checkpointing', worker.__module__]
-    torch.multiprocessing.get_context('forkserver').set_forkserver_preload(preload)
-    ranks = torch.multiprocessing.start_processes(worker, (world, free_port(), str(out)), nprocs=world, join=False,
-                                                  start_method='forkserver')
-    deadline = time.monotonic() + timeout
-    while not ranks.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ranks.processes: p.kill()
-            raise TimeoutError(f"megatron-core at world {world} took over {timeout} s")
+    run_ranks(worker, (str(out),), world, ['megatron.core.models.gpt.gpt_model', 'megatron.core.dist_checkpointing'],
+              timeout, f"megatron-core at world {world}")
     return torch.load(out / f'logits_world{world}.pt', weights_only=True)
 
 
